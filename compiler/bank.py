@@ -1,0 +1,230 @@
+"""The operator bank on disk: tasks, cached embeddings, descriptors, target factors and
+operators. It knows files and hashes, not math.
+
+Layout (every tensor entry is one safetensors file whose metadata holds a JSON record of
+what it was made from and a hash of its tensors, checked on every read):
+
+    bank.json                                      format marker
+    tasks/<task>.json                              registered task: grid hash, probes, prompts
+    embeddings/<model>/<grid>.safetensors          raw input and prompt embeddings of a model
+    descriptors/<task>/<id>.safetensors            UTD (N x M) with its source's provenance
+    factors/<target>/<grid>.safetensors            thin SVDs of the target's F and G
+    operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
+
+<model> and <target> are model fingerprints (hashes of the weights), <grid> a grid hash.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from . import __version__
+from .errors import BankError
+from .fsio import write_bytes_atomic, write_json_atomic
+from .grid import TaskSpec, check_name
+
+BANK_FORMAT = 1
+
+
+def default_bank_dir() -> Path:
+    return Path(os.environ.get("PTC_BANK") or Path.home() / ".cache" / "ptc" / "bank")
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor entry of the bank: its tensors, its provenance record and content hash."""
+
+    path: Path
+    tensors: dict[str, torch.Tensor]
+    meta: dict
+    sha256: str
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    name: str
+    grid_hash: str
+    probes: tuple[Path, ...]
+    classes: tuple[str, ...]
+    templates: tuple[str, ...]
+    source_file: str | None
+
+    @property
+    def spec(self) -> TaskSpec:
+        return TaskSpec(self.name, self.probes, self.classes, self.templates)
+
+    @property
+    def prompts(self) -> list[str]:
+        return self.spec.prompts
+
+
+def _read_header(data: bytes) -> dict:
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8:
+        raise ValueError("header length exceeds file size (truncated file)")
+    return json.loads(data[8:8 + length])
+
+
+class Bank:
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser().resolve()
+
+    # -- generic tensor entries -------------------------------------------------------------
+    def _ensure(self) -> None:
+        marker = self.root / "bank.json"
+        if not marker.exists():
+            write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT})
+
+    def write_entry(self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+        self._ensure()
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        sha = tensors_sha256(tensors)
+        record = {**meta, "tensors_sha256": sha, "ptc_version": __version__}
+        data = safetensors.torch.save(tensors, metadata={"format": "pt", "ptc": json.dumps(record, sort_keys=True)})
+        path = self.root / relpath
+        write_bytes_atomic(path, data)
+        return Entry(path, tensors, record, sha)
+
+    def read_entry(self, relpath: str) -> Entry | None:
+        path = self.root / relpath
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(_read_header(data)["__metadata__"]["ptc"])
+            tensors = safetensors.torch.load(data)
+        except Exception as exc:  # any parse failure means the file is not what we wrote
+            raise BankError(f"bank entry {path} is corrupt: {exc}",
+                            f"delete it and recompute, or run `ptc bank verify --bank {self.root}`") from None
+        sha = tensors_sha256(tensors)
+        if sha != record.get("tensors_sha256"):
+            raise BankError(f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
+                            f"!= recorded {str(record.get('tensors_sha256'))[:12]})",
+                            "the file was modified or damaged; delete it and recompute")
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise BankError(f"bank entry {path}: tensor {name!r} holds NaN or Inf",
+                                "delete it and recompute")
+        return Entry(path, tensors, record, sha)
+
+    # -- tasks --------------------------------------------------------------------------------
+    def _task_path(self, name: str) -> Path:
+        return self.root / "tasks" / f"{check_name('task', name)}.json"
+
+    def task_names(self) -> list[str]:
+        return sorted(p.stem for p in (self.root / "tasks").glob("*.json"))
+
+    def add_task(self, spec: TaskSpec, replace: bool = False) -> tuple[TaskRecord, bool]:
+        """Register a task; returns (record, changed). Refuses to silently change a grid."""
+        grid = spec.grid_hash()
+        existing = self._task_path(spec.name)
+        if existing.exists():
+            old = self.task(spec.name)
+            if old.grid_hash == grid:
+                return old, False
+            if not replace:
+                raise BankError(f"task {spec.name!r} is already registered with another grid "
+                                f"({old.grid_hash[:12]} != {grid[:12]}); its descriptors were made on the old one",
+                                "pass --replace to re-register it, then recompute its descriptors")
+        self._ensure()
+        record = {"name": spec.name, "grid_hash": grid, "probes": [str(p) for p in spec.probes],
+                  "classes": list(spec.classes), "templates": list(spec.templates),
+                  "source_file": str(spec.source_file) if spec.source_file else None}
+        write_json_atomic(existing, record)
+        return self.task(spec.name), True
+
+    def task(self, name: str) -> TaskRecord:
+        path = self._task_path(name)
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise BankError(f"task {name!r} is not registered in the bank {self.root}",
+                            _suggest(name, self.task_names(), "register it with `ptc task add TASK.yaml`")) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise BankError(f"bank task record {path} is corrupt: {exc}", "re-register it with `ptc task add`") from None
+        return TaskRecord(record["name"], record["grid_hash"], tuple(Path(p) for p in record["probes"]),
+                          tuple(record["classes"]), tuple(record["templates"]), record.get("source_file"))
+
+    # -- descriptors --------------------------------------------------------------------------
+    @staticmethod
+    def _descriptor_rel(task: str, descriptor_id: str) -> str:
+        return f"descriptors/{check_name('task', task)}/{check_name('descriptor', descriptor_id)}.safetensors"
+
+    def descriptor_ids(self, task: str) -> list[str]:
+        return sorted(p.stem for p in (self.root / "descriptors" / task).glob("*.safetensors"))
+
+    def put_descriptor(self, task: str, descriptor_id: str, utd: torch.Tensor, meta: dict) -> Entry:
+        return self.write_entry(self._descriptor_rel(task, descriptor_id), {"utd": utd}, meta)
+
+    def descriptor(self, task: str, descriptor_id: str) -> Entry:
+        entry = self.read_entry(self._descriptor_rel(task, descriptor_id))
+        if entry is None:
+            raise BankError(f"no descriptor {descriptor_id!r} for task {task!r} in the bank {self.root}",
+                            _suggest(descriptor_id, self.descriptor_ids(task),
+                                     "add it with `ptc descriptor add --task ... --source ... --finetuned ...`"))
+        return entry
+
+    # -- caches keyed by model fingerprint ----------------------------------------------------
+    def embeddings(self, model_fp: str, grid: str) -> Entry | None:
+        return self.read_entry(f"embeddings/{model_fp}/{grid}.safetensors")
+
+    def put_embeddings(self, model_fp: str, grid: str, tensors: dict, meta: dict) -> Entry:
+        return self.write_entry(f"embeddings/{model_fp}/{grid}.safetensors", tensors, meta)
+
+    def factors(self, target_fp: str, grid: str) -> Entry | None:
+        return self.read_entry(f"factors/{target_fp}/{grid}.safetensors")
+
+    def put_factors(self, target_fp: str, grid: str, tensors: dict, meta: dict) -> Entry:
+        return self.write_entry(f"factors/{target_fp}/{grid}.safetensors", tensors, meta)
+
+    @staticmethod
+    def _operator_rel(target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> str:
+        return f"operators/{target_fp}/{grid}/{descriptor_sha[:32]}-r{ridge!r}.safetensors"
+
+    def operator(self, target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> Entry | None:
+        return self.read_entry(self._operator_rel(target_fp, grid, descriptor_sha, ridge))
+
+    def put_operator(self, target_fp: str, grid: str, descriptor_sha: str, ridge: float,
+                     operator: torch.Tensor, meta: dict) -> Entry:
+        return self.write_entry(self._operator_rel(target_fp, grid, descriptor_sha, ridge),
+                                {"operator": operator}, meta)
+
+    # -- maintenance --------------------------------------------------------------------------
+    def verify_all(self) -> tuple[int, list[str]]:
+        """Re-hash every tensor entry; return (entries checked, problems)."""
+        problems, count = [], 0
+        for path in sorted(self.root.rglob("*.safetensors")):
+            count += 1
+            try:
+                self.read_entry(str(path.relative_to(self.root)))
+            except BankError as exc:
+                problems.append(exc.message)
+        return count, problems
+
+
+def _suggest(name: str, known: list[str], otherwise: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    if known:
+        return f"known: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''}; {otherwise}"
+    return otherwise

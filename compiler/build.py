@@ -1,0 +1,281 @@
+"""The pipeline a recipe runs through, in two halves (mergekit's plan / execute split):
+
+- `plan` validates the recipe and resolves every term against the bank without loading a
+  single weight: this is all `ptc check` does;
+- `execute` loads the target, embeds each grid once (cached), solves what is missing
+  (cached), sums A = sum w_l A_l, folds it, verifies, and exports into a staging folder that
+  is renamed into place only when every check passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import targets
+
+from . import __version__
+from .bank import Bank, Entry, TaskRecord
+from .embed import GridEmbeddings, check_grid_unchanged, embed_grid, model_key
+from .errors import BankError, OutputError, PtcError
+from .export import export_onnx, lock_record, model_card, output_hashes, run_onnx
+from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
+from .options import Options
+from .recipe import Recipe, Term, load_recipe
+from .solve import GridFactors, factorize, solve_operator
+from .verify import embedding_equivalence, linearity, max_abs_difference, require
+
+
+@dataclass(frozen=True)
+class PlannedTerm:
+    term: Term
+    task: TaskRecord
+    descriptor: Entry
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_path: Path
+    recipe: Recipe
+    recipe_bytes: bytes
+    bank: Bank
+    target_location: str
+    terms: tuple[PlannedTerm, ...]
+    out_dir: Path | None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.recipe_path.parent
+
+
+# -- plan ---------------------------------------------------------------------------------------
+def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> PlannedTerm:
+    if term.task not in checked_tasks:
+        task = bank.task(term.task)
+        check_grid_unchanged(task)
+        checked_tasks[term.task] = task
+    task = checked_tasks[term.task]
+    entry = bank.descriptor(term.task, term.source)
+    if entry.meta.get("grid_hash") != task.grid_hash:
+        raise BankError(f"descriptor {term.source!r} was computed on another grid of task {term.task!r} "
+                        f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
+                        "recompute it with `ptc descriptor add`")
+    expected = (len(task.probes), len(task.classes))
+    if tuple(entry.tensors["utd"].shape) != expected:
+        raise BankError(f"descriptor {term.source!r} of task {term.task!r} is "
+                        f"{tuple(entry.tensors['utd'].shape)} but the grid is {expected}",
+                        "recompute it with `ptc descriptor add`")
+    return PlannedTerm(term, task, entry)
+
+
+def _output_dir(recipe: Recipe, base: Path, options: Options) -> Path | None:
+    if options.out is not None:
+        out = Path(options.out).expanduser().resolve()
+    elif recipe.export.out is not None:
+        out = (base / recipe.export.out).expanduser().resolve()
+    else:
+        return None
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not options.force:
+        raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
+    return out
+
+
+def plan(recipe_path: Path, options: Options = Options()) -> Plan:
+    recipe_path = Path(recipe_path).resolve()
+    recipe = load_recipe(recipe_path)
+    base = recipe_path.parent
+    bank = options.open_bank((base / recipe.bank) if recipe.bank else None)
+    try:
+        location = targets.check(recipe.target, base)
+    except PtcError as exc:
+        raise type(exc)(f"{recipe_path}: target: {exc.message}", exc.hint) from None
+    checked: dict[str, TaskRecord] = {}
+    planned = []
+    for index, term in enumerate(recipe.terms):
+        try:
+            planned.append(_plan_term(bank, term, checked))
+        except PtcError as exc:
+            raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
+    return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
+                _output_dir(recipe, base, options))
+
+
+# -- execute ------------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """Mutable bookkeeping of one execution: stage timings and cache counters."""
+
+    timings: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"embeddings_computed": 0, "factors_computed": 0,
+                                                            "operators_solved": 0})
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+def _grid_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: GridEmbeddings,
+                  run: _Run) -> tuple[GridFactors, Entry]:
+    entry = bank.factors(target_key, task.grid_hash)
+    if entry is None:
+        factors = factorize(emb.inputs, emb.class_rows)
+        entry = bank.put_factors(target_key, task.grid_hash, factors.as_tensors(),
+                                 {"kind": "factors", "target_ref": target.ref, "task": task.name,
+                                  "grid_hash": task.grid_hash})
+        run.counts["factors_computed"] += 1
+    return GridFactors.from_tensors(entry.tensors), entry
+
+
+def _operator(bank: Bank, target_key: str, target, pt: PlannedTerm, factors: GridFactors, ridge: float,
+              run: _Run) -> Entry:
+    entry = bank.operator(target_key, pt.task.grid_hash, pt.descriptor.sha256, ridge)
+    if entry is None:
+        operator = solve_operator(factors, pt.descriptor.tensors["utd"], ridge).float()
+        entry = bank.put_operator(target_key, pt.task.grid_hash, pt.descriptor.sha256, ridge, operator,
+                                  {"kind": "operator", "target_ref": target.ref, "task": pt.task.name,
+                                   "source": pt.term.source, "descriptor_sha256": pt.descriptor.sha256,
+                                   "grid_hash": pt.task.grid_hash, "ridge": ridge})
+        run.counts["operators_solved"] += 1
+    if entry.tensors["operator"].shape != (target.embed_dim, target.embed_dim):
+        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
+                        f"embeds in {target.embed_dim} dimensions", "delete the entry and rebuild")
+    return entry
+
+
+def _check_paths(plan_: Plan, count: int) -> list[Path]:
+    """Probe files spread evenly over the recipe's grids, `count` in all."""
+    grids = list({pt.task.name: pt.task.probes for pt in plan_.terms}.values())
+    per_grid = max(1, count // len(grids))
+    picked: list[Path] = []
+    for probes in grids:
+        step = max(1, len(probes) // per_grid)
+        picked.extend(probes[::step][:per_grid])
+    return picked[:max(count, len(grids))]
+
+
+def _linearity(plan_: Plan, grids: dict[str, tuple], ridge: float) -> dict:
+    """Per task grid: the term's descriptor plus up to two more of that task from the bank."""
+    per_task = {}
+    for name, (task, _emb, factors) in grids.items():
+        ids = [pt.term.source for pt in plan_.terms if pt.task.name == name]
+        ids += [i for i in plan_.bank.descriptor_ids(name) if i not in ids]
+        descriptors = [plan_.bank.descriptor(name, i).tensors["utd"] for i in ids[:3]]
+        per_task[name] = linearity(factors, descriptors, ridge)
+    return {"max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
+            "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
+            "per_task": per_task}
+
+
+def _export_and_verify(plan_: Plan, edited, check_batch: torch.Tensor, check_paths: list[Path],
+                       staging: Path, run: _Run) -> dict:
+    figures: dict = {"onnx_max_abs_diff": None, "onnx_provider": None, "reload_max_abs_diff": None,
+                     "native_ref": None}
+    tol = plan_.recipe.verify.equivalence_atol
+    if "safetensors" in plan_.recipe.export.formats:
+        with run.stage("export_native"):
+            scheme = edited.save_native(staging / "model")
+        with run.stage("verify_reload"):
+            reloaded = targets.load(f"{scheme}:{staging / 'model'}")
+            prompts = plan_.terms[0].task.prompts
+            diff = max(max_abs_difference(reloaded.embed_inputs(reloaded.load_inputs(check_paths)),
+                                          edited.embed_inputs(check_batch)),
+                       max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)))
+            figures["reload_max_abs_diff"] = require("reload_max_abs_diff", diff, tol)
+            figures["native_ref"] = f"{scheme}:model"
+    if "onnx" in plan_.recipe.export.formats:
+        diffs = []
+        for index, tower in enumerate(edited.onnx_towers()):
+            path = staging / "onnx" / f"{tower.name}.onnx"
+            with run.stage("export_onnx"):
+                export_onnx(tower, path)
+            with run.stage("verify_onnx"):
+                # The input tower (first) is checked on real probes, the others on their examples.
+                inputs = {next(iter(tower.example_inputs)): check_batch} if index == 0 else tower.example_inputs
+                got, provider = run_onnx(path, inputs)
+                with torch.inference_mode():
+                    want = tower.module(**inputs)
+                diffs.append(max_abs_difference(got, want))
+        figures["onnx_max_abs_diff"] = require("onnx_max_abs_diff", max(diffs), tol)
+        figures["onnx_provider"] = provider
+    return figures
+
+
+def _term_records(plan_: Plan, operators: list[Entry]) -> list[dict]:
+    return [{"task": pt.term.task, "source": pt.term.source, "weight": pt.term.weight,
+             "grid_hash": pt.task.grid_hash, "descriptor_sha256": pt.descriptor.sha256,
+             "operator_sha256": op.sha256, "operator_norm": float(op.tensors["operator"].norm())}
+            for pt, op in zip(plan_.terms, operators)]
+
+
+def execute(plan_: Plan, options: Options = Options()) -> dict:
+    if plan_.out_dir is None:
+        raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
+                          "set export.out in the recipe or pass --out")
+    recipe, bank, run = plan_.recipe, plan_.bank, _Run()
+    ridge = recipe.solve.ridge
+    with run.stage("load"):
+        target = targets.load(recipe.target, plan_.base_dir)
+        target_key = model_key(target)
+    grids: dict[str, tuple] = {}
+    for pt in plan_.terms:
+        if pt.task.name in grids:
+            continue
+        with run.stage("embed"):
+            emb = embed_grid(target, pt.task, bank, options.batch_size, options.progress)
+            run.counts["embeddings_computed"] += emb.computed
+        with run.stage("factorize"):
+            factors, _ = _grid_factors(bank, target_key, target, pt.task, emb, run)
+        grids[pt.task.name] = (pt.task, emb, factors)
+    with run.stage("solve"):
+        operators = [_operator(bank, target_key, target, pt, grids[pt.task.name][2], ridge, run)
+                     for pt in plan_.terms]
+        edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
+    with run.stage("verify_linearity"):
+        lin = _linearity(plan_, grids, ridge)
+        require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
+        require("linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol)
+    with run.stage("fold"):
+        edited = target.with_edit(edit)
+    with run.stage("verify_torch"):
+        check_paths = _check_paths(plan_, recipe.verify.check_inputs)
+        check_batch = target.load_inputs(check_paths)
+        torch_diff = embedding_equivalence(target.embed_inputs(check_batch), edited.embed_inputs(check_batch), edit)
+        require("torch_max_abs_diff (edited vs (I + A) z)", torch_diff, recipe.verify.equivalence_atol)
+    terms = _term_records(plan_, operators)
+    target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
+                     "text_fingerprint": target.text_fingerprint()}
+    lock = lock_record(target_record, terms, ridge, hashlib.sha256(plan_.recipe_bytes).hexdigest())
+    try:
+        with staged_directory(plan_.out_dir, replace=options.force) as staging:
+            exported = _export_and_verify(plan_, edited, check_batch, check_paths, staging, run)
+            verify = {"linearity": lin,
+                      "equivalence": {"torch_max_abs_diff": torch_diff, **{k: exported[k] for k in (
+                          "onnx_max_abs_diff", "onnx_provider", "reload_max_abs_diff")},
+                          "check_inputs": len(check_paths)},
+                      "tolerances": recipe.verify.model_dump()}
+            report = {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "target": target_record,
+                      "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
+                      "terms": terms, "operator": {"frobenius_norm": float(edit.norm())},
+                      "verify": verify, "cache": run.counts, "timings": dict(run.timings),
+                      "lock_hash": lock["lock_hash"], "formats": list(recipe.export.formats)}
+            write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
+            write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
+            write_json_atomic(staging / "report.json", report)
+            (staging / "README.md").write_text(model_card(recipe.target, target.library, terms, verify,
+                                                          lock["lock_hash"], recipe.export.formats))
+    except FileExistsError:
+        raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
+                          "pass --force to replace it") from None
+    return report

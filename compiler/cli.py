@@ -1,0 +1,251 @@
+"""`ptc`: the command line. Each command is a thin shell over one library call; every
+PtcError becomes one line on stderr and its exit code (2 bad input, 3 failed verification)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import PtcError
+
+BANK_OPTION = click.option("--bank", type=click.Path(path_type=Path), default=None,
+                           help="Bank directory (default: the recipe's `bank:`, else $PTC_BANK, "
+                                "else ~/.cache/ptc/bank).")
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"ptc: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handled(command):
+    """Turn library errors into one line and an exit code; --debug shows the traceback."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        debug = click.get_current_context().find_root().params.get("debug", False)
+        try:
+            return command(*args, **kwargs)
+        except PtcError as exc:
+            if debug:
+                raise
+            _fail(exc.one_line(), exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted; nothing was written", 130)
+        except Exception as exc:  # a bug, not bad input: say so and point at --debug
+            if debug:
+                raise
+            _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1)
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ptc")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+def main(debug: bool) -> None:
+    """ptc, the platonic task compiler: recipes of signed task sums -> edited encoders."""
+
+
+def _bank(path: Path | None):
+    from .options import Options
+    return Options(bank=path).open_bank()
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+@main.group()
+def task() -> None:
+    """Register and list task grids."""
+
+
+@task.command("add")
+@click.argument("task_file", type=click.Path(path_type=Path))
+@BANK_OPTION
+@click.option("--replace", is_flag=True, help="Re-register a task whose grid changed.")
+@handled
+def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
+    """Register TASK_FILE (name, probes, classes, templates) in the bank."""
+    from .grid import load_task
+
+    store = _bank(bank)
+    record, changed = store.add_task(load_task(task_file), replace=replace)
+    state = "registered" if changed else "already registered (unchanged)"
+    click.echo(f"task {record.name}: {state}; {len(record.probes)} probes x {len(record.classes)} classes, "
+               f"grid {record.grid_hash[:12]} in {store.root}")
+
+
+@task.command("list")
+@BANK_OPTION
+@handled
+def task_list(bank: Path | None) -> None:
+    """List registered tasks and their descriptors."""
+    store = _bank(bank)
+    for name in store.task_names():
+        record = store.task(name)
+        ids = ", ".join(store.descriptor_ids(name)) or "-"
+        click.echo(f"{name}\t{len(record.probes)}x{len(record.classes)}\tgrid {record.grid_hash[:12]}\tdescriptors: {ids}")
+
+
+# -- descriptors ----------------------------------------------------------------------------------
+def _default_id(source: str) -> str:
+    stem = Path(source.split(":", 1)[-1].rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9._-]", "-", stem).lstrip(".-_") or "source"
+
+
+@main.group()
+def descriptor() -> None:
+    """Compute Universal Task Descriptors."""
+
+
+@descriptor.command("add")
+@click.option("--task", "task_name", required=True, help="Registered task name.")
+@click.option("--source", required=True, help="Pre-trained source model reference, e.g. hf:/models/clip.")
+@click.option("--finetuned", required=True, help="Fine-tuned model reference or folder, or a peft adapter folder.")
+@click.option("--id", "descriptor_id", default=None, help="Descriptor id (default: the source's folder name).")
+@click.option("--batch-size", default=64, show_default=True)
+@BANK_OPTION
+@handled
+def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, bank) -> None:
+    """Store UTD = S_ft - S_pre of SOURCE's fine-tune on TASK's grid."""
+    from .sources import add_descriptor
+
+    store = _bank(bank)
+    entry = add_descriptor(store, task_name, source, finetuned, descriptor_id or _default_id(source),
+                           batch_size=batch_size)
+    shape = "x".join(map(str, entry.meta["shape"]))
+    click.echo(f"descriptor {task_name}/{entry.meta['id']}: {shape}, norm {entry.meta['norm']:.4g}, "
+               f"sha {entry.sha256[:12]}")
+
+
+# -- recipes --------------------------------------------------------------------------------------
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@BANK_OPTION
+@click.option("--out", type=click.Path(path_type=Path), default=None)
+@click.option("--force", is_flag=True)
+@handled
+def check(recipe: Path, bank, out, force) -> None:
+    """Validate RECIPE and resolve every term against the bank, loading no weights."""
+    from .build import plan
+    from .options import Options
+
+    p = plan(recipe, Options(bank=bank, out=out, force=force))
+    click.echo(f"target {p.recipe.target} -> {p.target_location}")
+    for pt in p.terms:
+        click.echo(f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.source}  "
+                   f"({len(pt.task.probes)}x{len(pt.task.classes)}, grid {pt.task.grid_hash[:12]})")
+    click.echo(f"bank {p.bank.root}; output {p.out_dir or '(none: set export.out or --out)'}")
+    click.echo("ok")
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@BANK_OPTION
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output directory (overrides export.out).")
+@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--batch-size", default=64, show_default=True)
+@handled
+def build(recipe: Path, bank, out, force, batch_size) -> None:
+    """Build RECIPE: solve, fold, verify, export."""
+    from .build import execute, plan
+    from .options import Options
+
+    options = Options(bank=bank, out=out, force=force, batch_size=batch_size)
+    p = plan(recipe, options)
+    report = execute(p, options)
+    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
+    click.echo(f"linearity fp64 {lin['max_rel_diff_fp64']:.2e}, fp32 {lin['max_rel_diff_fp32']:.2e}; "
+               f"torch {eq['torch_max_abs_diff']:.2e}, onnx {_fmt(eq['onnx_max_abs_diff'])}, "
+               f"reload {_fmt(eq['reload_max_abs_diff'])}")
+    click.echo(f"built {p.out_dir} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.2e}"
+
+
+# -- evaluation, fine-tuning, bank ----------------------------------------------------------------
+@main.command("eval")
+@click.argument("model")
+@click.option("--task", "task_name", required=True)
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
+@BANK_OPTION
+@handled
+def eval_command(model, task_name, data, as_json, bank) -> None:
+    """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
+    from .evaluate import evaluate
+
+    result = evaluate(model, _bank(bank).task(task_name), data)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"{task_name}: top-1 {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
+
+
+@main.command()
+@click.option("--task", "task_name", required=True)
+@click.option("--model", required=True, help="Model reference to fine-tune.")
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapter folder to write.")
+@click.option("--rank", default=4, show_default=True)
+@click.option("--steps", default=250, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Replace an existing adapter folder.")
+@BANK_OPTION
+@handled
+def finetune(task_name, model, data, out, rank, steps, seed, force, bank) -> None:
+    """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
+    import targets
+
+    from .errors import OutputError
+    from .finetune import finetune_lora
+
+    if out.exists() and any(out.iterdir()) and not force:
+        raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
+    stats = finetune_lora(targets.load(model), _bank(bank).task(task_name), data, out, rank=rank,
+                          alpha=2 * rank, steps=steps, seed=seed, replace=force)
+    click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
+               f"last batch accuracy {stats['final_batch_accuracy']:.2f})")
+
+
+@main.group("bank")
+def bank_group() -> None:
+    """Inspect the operator bank."""
+
+
+@bank_group.command("verify")
+@BANK_OPTION
+@handled
+def bank_verify(bank) -> None:
+    """Re-hash every entry of the bank."""
+    store = _bank(bank)
+    count, problems = store.verify_all()
+    for problem in problems:
+        click.echo(problem, err=True)
+    click.echo(f"{count} entries checked, {len(problems)} problems in {store.root}")
+    if problems:
+        sys.exit(2)
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
+@click.option("--steps", default=60, show_default=True, help="LoRA steps per source.")
+@handled
+def demo(workdir: Path, steps: int) -> None:
+    """Run the built-in offline default end to end (tiny generated world and models)."""
+    from .demo import run_demo
+
+    report = run_demo(workdir, steps=steps, echo=click.echo)
+    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
+    click.echo(f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
+               f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}")
+    click.echo(f"output: {Path(workdir).resolve() / 'dist' / 'target-edit'}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,65 @@
+"""Embedding a task grid with a model, once: results are cached in the bank per
+(model fingerprint, grid hash), so a warm rebuild runs no forward pass at all."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from .bank import Bank, TaskRecord
+from .descriptor import class_embeddings
+from .errors import BankError
+from .grid import grid_hash
+
+
+@dataclass(frozen=True)
+class GridEmbeddings:
+    inputs: torch.Tensor      # N x d, unnormalised probe embeddings
+    class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
+    computed: bool            # False when it came from the bank's cache
+
+
+def model_key(model) -> str:
+    """Bank key of a model: its input and text fingerprints together."""
+    return hashlib.sha256(f"{model.input_fingerprint()}|{model.text_fingerprint()}".encode()).hexdigest()[:32]
+
+
+def check_grid_unchanged(task: TaskRecord) -> None:
+    """The probe files on disk must still be the grid the task was registered with."""
+    current = grid_hash(task.probes, task.prompts)
+    if current != task.grid_hash:
+        raise BankError(f"task {task.name!r}: its probe files changed since it was registered "
+                        f"(grid {current[:12]} != registered {task.grid_hash[:12]})",
+                        "re-register with `ptc task add --replace` and recompute its descriptors")
+
+
+def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool = True) -> torch.Tensor:
+    chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
+    rows = [model.embed_inputs(model.load_inputs(list(chunk)))
+            for chunk in tqdm(chunks, desc=desc, unit="batch", disable=None if progress else True, leave=False)]
+    return torch.cat(rows)
+
+
+def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
+    key = model_key(model)
+    cached = bank.embeddings(key, task.grid_hash)
+    if cached is None:
+        check_grid_unchanged(task)
+        inputs = embed_probe_files(model, list(task.probes), batch_size, f"embed {task.name}", progress)
+        prompts = model.embed_prompts(task.prompts)
+        cached = bank.put_embeddings(key, task.grid_hash, {"inputs": inputs, "prompts": prompts},
+                                     {"kind": "embeddings", "model_ref": model.ref, "task": task.name,
+                                      "grid_hash": task.grid_hash,
+                                      "input_fingerprint": model.input_fingerprint(),
+                                      "text_fingerprint": model.text_fingerprint()})
+        computed = True
+    else:
+        computed = False
+    inputs, prompts = cached.tensors["inputs"], cached.tensors["prompts"]
+    if inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts):
+        raise BankError(f"cached embeddings {cached.path} do not match task {task.name!r}'s grid",
+                        "delete the entry and rebuild")
+    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed)

@@ -1,0 +1,47 @@
+"""Zero-shot top-1 accuracy of a model (or a build output) on a labelled folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+import targets
+
+from .bank import TaskRecord
+from .descriptor import class_embeddings, normalise
+from .embed import embed_probe_files
+from .errors import InputError
+from .labelled import labelled_files
+
+
+def resolve_model(model: str) -> tuple[str, Path]:
+    """A build output directory reads as its native checkpoint; anything else is a reference."""
+    report = Path(model).expanduser() / "report.json"
+    if report.is_file():
+        native = json.loads(report.read_text()).get("native_ref")
+        if not native:
+            raise InputError(f"{model}: this build exported no native checkpoint",
+                             "build with export.formats including safetensors")
+        return native, report.parent.resolve()
+    return model, Path(".")
+
+
+def zero_shot_accuracy(encoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
+                       progress: bool = True) -> dict:
+    pairs = labelled_files(data_dir, task.classes)
+    class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))
+    inputs = embed_probe_files(encoder, [p for p, _ in pairs], batch_size, "eval", progress)
+    predictions = (normalise(inputs.double()) @ class_rows.T).argmax(dim=1)
+    labels = torch.tensor([label for _, label in pairs])
+    correct = predictions == labels
+    per_class = {name: float(correct[labels == i].float().mean()) for i, name in enumerate(task.classes)
+                 if (labels == i).any()}
+    return {"task": task.name, "accuracy": float(correct.float().mean()), "correct": int(correct.sum()),
+            "total": len(pairs), "per_class": per_class}
+
+
+def evaluate(model: str, task: TaskRecord, data_dir: Path, batch_size: int = 64, progress: bool = True) -> dict:
+    ref, base = resolve_model(model)
+    return {"model": model, **zero_shot_accuracy(targets.load(ref, base), task, data_dir, batch_size, progress)}

@@ -1,0 +1,113 @@
+"""The recipe schema: what to build. How to run it (bank, device, output override) lives
+in `options.py`; resolving the recipe against the bank is `build.plan`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+
+from .errors import RecipeError
+from .grid import NAME_PATTERN
+from .yamlio import load_yaml, validate
+
+MAX_ABS_WEIGHT = 100.0
+FORMATS = ("onnx", "safetensors")
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+class Term(_Strict):
+    task: str = pydantic.Field(pattern=NAME_PATTERN)
+    source: str = pydantic.Field(pattern=NAME_PATTERN, description="descriptor id in the bank")
+    weight: float
+
+    @pydantic.field_validator("weight", mode="before")
+    @classmethod
+    def _weight(cls, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError("expected a number")
+        value = _finite(float(value))
+        if value == 0 or abs(value) > MAX_ABS_WEIGHT:
+            raise ValueError(f"expected a non-zero weight with |weight| <= {MAX_ABS_WEIGHT:g} "
+                             "(the paper uses 0.5 to add and -0.5 or -1 to negate)")
+        return value
+
+
+def _positive_finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    value = _finite(float(value))
+    if value <= 0:
+        raise ValueError("expected a positive number")
+    return value
+
+
+class Solve(_Strict):
+    ridge: float = 1.0  # lam = ridge * mean squared singular value, for images and prompts
+
+    _ridge = pydantic.field_validator("ridge", mode="before")(lambda cls, v: _positive_finite(v))
+
+
+class Verify(_Strict):
+    linearity_rtol: float = 1e-6  # at the float32 precision operators are stored in
+    linearity_rtol_fp64: float = 1e-12
+    equivalence_atol: float = 1e-5
+    check_inputs: int = pydantic.Field(default=16, ge=2, le=4096)
+
+    _tolerances = pydantic.field_validator(
+        "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", mode="before"
+    )(lambda cls, v: _positive_finite(v))
+
+
+class Export(_Strict):
+    out: str | None = None
+    formats: tuple[Literal["onnx", "safetensors"], ...] = FORMATS
+
+    @pydantic.field_validator("formats", mode="before")
+    @classmethod
+    def _formats(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError(f"expected at least one of {list(FORMATS)}")
+            return tuple(value)
+        return value
+
+
+class Recipe(_Strict):
+    target: str = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
+    terms: tuple[Term, ...] = pydantic.Field(min_length=1)
+    solve: Solve = Solve()
+    verify: Verify = Verify()
+    export: Export = Export()
+    bank: str | None = None
+
+    @pydantic.field_validator("terms", mode="before")
+    @classmethod
+    def _terms(cls, value):
+        return tuple(value) if isinstance(value, list) else value
+
+
+def load_recipe(path: Path) -> Recipe:
+    path = Path(path)
+    data, locate = load_yaml(path, RecipeError)
+    recipe = validate(Recipe, data, path, locate, RecipeError)
+    seen: set[tuple[str, str]] = set()
+    for index, term in enumerate(recipe.terms):
+        key = (term.task, term.source)
+        if key in seen:
+            line = locate(("terms", index))
+            raise RecipeError(f"{path}:{line}: terms[{index}]: task {term.task!r} from source "
+                              f"{term.source!r} appears twice", "merge the two terms into one weight")
+        seen.add(key)
+    return recipe

@@ -1,0 +1,50 @@
+"""Sources: a pre-trained model and its fine-tune, turned into a descriptor in the bank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import targets
+
+from .bank import Bank, Entry
+from .descriptor import task_descriptor
+from .embed import embed_grid
+from .errors import ModelError
+
+
+def load_finetuned(source, finetuned: str, base_dir: Path):
+    """A peft adapter folder (merged into a copy of `source`), a scheme reference, or a bare
+    full-checkpoint folder (read with the source's scheme)."""
+    path = (base_dir / finetuned).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        return source.with_adapter(path.resolve())
+    if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
+        return targets.load(finetuned, base_dir)
+    scheme, _ = targets.split_ref(source.ref)
+    return targets.load(f"{scheme}:{finetuned}", base_dir)
+
+
+def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: str,
+                   descriptor_id: str, base_dir: Path = Path("."), batch_size: int = 64,
+                   progress: bool = True) -> Entry:
+    task = bank.task(task_name)
+    bank.descriptor_ids(task_name)  # validates the name before any weights load
+    source = targets.load(source_ref, base_dir)
+    finetuned = load_finetuned(source, finetuned_ref, base_dir)
+    if finetuned.text_fingerprint() != source.text_fingerprint():
+        raise ModelError(f"{finetuned_ref}: the fine-tune changed the text tower of {source_ref} "
+                         f"(text hash {finetuned.text_fingerprint()[:12]} != {source.text_fingerprint()[:12]})",
+                         "descriptors assume a frozen text tower; fine-tune the image tower only")
+    if finetuned.embed_dim != source.embed_dim:
+        raise ModelError(f"{finetuned_ref}: embedding width {finetuned.embed_dim} differs from the source's "
+                         f"{source.embed_dim}", "the fine-tune must share the source's architecture")
+    pre = embed_grid(source, task, bank, batch_size, progress)
+    post = embed_grid(finetuned, task, bank, batch_size, progress)
+    utd = task_descriptor(post.inputs, pre.inputs, pre.class_rows).float()
+    meta = {"kind": "descriptor", "task": task.name, "id": descriptor_id, "grid_hash": task.grid_hash,
+            "source_ref": source_ref, "finetuned_ref": finetuned_ref,
+            "source_input_fingerprint": source.input_fingerprint(),
+            "finetuned_input_fingerprint": finetuned.input_fingerprint(),
+            "text_fingerprint": source.text_fingerprint(),
+            "norm": float(utd.norm()), "shape": list(utd.shape)}
+    return bank.put_descriptor(task.name, descriptor_id, utd, meta)

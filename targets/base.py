@@ -1,0 +1,109 @@
+"""The one protocol every model family implements, and the pieces it hands the compiler.
+
+A family wraps a dual encoder (image or audio tower + text tower). The compiler only ever
+calls these methods; it never asks which family it holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class OnnxTower:
+    """A tower ready for export: an eval-mode module, example inputs (batch >= 2) in input
+    order, the output name, and which input axes are dynamic."""
+
+    name: str                                  # file stem, e.g. "vision_model"
+    module: torch.nn.Module
+    example_inputs: dict[str, torch.Tensor]
+    output_name: str
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+@runtime_checkable
+class DualEncoder(Protocol):
+    ref: str          # the reference it was loaded from
+    embed_dim: int    # width of the embedding the edit acts on
+    library: str      # the library whose format save_native writes, e.g. "transformers"
+
+    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
+        """Read probe files and preprocess them into one model input batch."""
+
+    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
+        """Unnormalised embeddings (n x d) of a preprocessed batch: the vector z = W h + b
+        that an edit (I + A) acts on."""
+
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        """Unnormalised text embeddings (n x d), tokenised the family's own way."""
+
+    def input_fingerprint(self) -> str:
+        """Hash of everything that maps a probe file to its embedding (weights, preprocessing)."""
+
+    def text_fingerprint(self) -> str:
+        """Hash of everything that maps a prompt to its embedding (weights, tokenizer)."""
+
+    def with_adapter(self, adapter_dir: Path) -> "DualEncoder":
+        """A copy with a peft adapter merged into its weights."""
+
+    def with_edit(self, operator: torch.Tensor) -> "DualEncoder":
+        """A copy whose embedding is (I + A) z for every input, folded into its weights."""
+
+    def onnx_towers(self) -> list[OnnxTower]:
+        """The towers to export: the input tower (e.g. pixel_values -> image_embeds) first."""
+
+    def save_native(self, folder: Path) -> str:
+        """Save in the family's own library format; return the scheme that reloads it
+        (`f"{scheme}:{folder}"`)."""
+
+    # Fine-tuning (sources): peft wraps a copy of the torch module; the family says which
+    # modules are its input tower's attention q and v projections and how to run the copy.
+    lora_target_modules: str  # peft regex over full module paths
+
+    def trainable(self) -> torch.nn.Module:
+        """A deep copy of the underlying torch module, for peft to wrap and train."""
+
+    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        """Unnormalised input embeddings through `module` (a wrapped copy), autograd on."""
+
+
+def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:
+    """sha256 of named tensors (sorted by name) plus a free-form string (configs)."""
+    digest = hashlib.sha256(extra.encode())
+    for name in sorted(named):
+        tensor = named[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def fold_into_linear(weight: torch.Tensor, bias: torch.Tensor | None, operator: torch.Tensor):
+    """z = W h + b becomes (I + A) z for every h: W' = (I + A) W, b' = (I + A) b (float64)."""
+    edit = torch.eye(operator.shape[0], dtype=torch.float64) + operator.double()
+    if weight.shape[0] != edit.shape[0]:
+        raise ValueError(f"operator is {tuple(operator.shape)} but the layer writes {weight.shape[0]} features")
+    new_weight = (edit @ weight.double()).to(weight.dtype)
+    new_bias = None if bias is None else (edit @ bias.double()).to(bias.dtype)
+    return new_weight, new_bias
+
+
+def open_images(paths: list[Path]):
+    """Read image files as RGB PIL images; an unreadable file is one clear error."""
+    from PIL import Image, UnidentifiedImageError
+
+    from compiler.errors import InputError
+
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                images.append(image.convert("RGB"))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise InputError(f"probe {path}: cannot read as an image: {exc}",
+                             "remove the file from the probe folder or replace it with a valid image") from None
+    return images

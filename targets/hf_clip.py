@@ -1,0 +1,199 @@
+"""transformers `CLIPModel`: OpenAI CLIP, OpenCLIP-HF and MetaCLIP checkpoints.
+
+The image embedding is `visual_projection(pooled vision output)`, a bias-free Linear
+(d x width): the edit folds into it exactly as W' = (I + A) W.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from compiler.errors import ModelError
+
+from . import register_hf_family
+from .base import OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+
+
+def _pooled(output) -> torch.Tensor:
+    # transformers 5 returns an output object whose pooler_output is the projected embedding.
+    return output.pooler_output if hasattr(output, "pooler_output") else output
+
+
+class _ImageTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return _pooled(self.model.get_image_features(pixel_values=pixel_values))
+
+
+class _TextTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return _pooled(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
+
+
+class HFClip:
+    """A loaded CLIPModel with its tokenizer and image processor."""
+
+    library = "transformers"
+    # peft needs the regex to match the whole module path; text-tower q/v stay frozen.
+    lora_target_modules = r".*vision_model\..*\.(q_proj|v_proj)"
+
+    def __init__(self, model, tokenizer, processor, ref: str):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.ref = ref
+        self.embed_dim = model.visual_projection.out_features
+        self.max_length = model.config.text_config.max_position_embeddings
+
+    @classmethod
+    def load(cls, folder: Path, ref: str) -> "HFClip":
+        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        for needed in ("tokenizer_config.json", "preprocessor_config.json"):
+            if not (folder / needed).is_file():
+                raise ModelError(f"{ref}: {folder} has no {needed}",
+                                 "save the tokenizer and image processor next to the weights "
+                                 "(tokenizer.save_pretrained / processor.save_pretrained)")
+        try:
+            model = CLIPModel.from_pretrained(folder, local_files_only=True, use_safetensors=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{ref}: cannot load from {folder}: {exc}") from None
+        return cls(model, tokenizer, processor, ref)
+
+    # -- embedding ----------------------------------------------------------------------------
+    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
+        return self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]
+
+    @torch.inference_mode()
+    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
+        return _pooled(self.model.get_image_features(pixel_values=batch)).float()
+
+    def _tokenize(self, prompts: list[str]):
+        return self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
+
+    @torch.inference_mode()
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        tokens = self._tokenize(prompts)
+        return _pooled(self.model.get_text_features(input_ids=tokens["input_ids"],
+                                                    attention_mask=tokens["attention_mask"])).float()
+
+    # -- identity -----------------------------------------------------------------------------
+    def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.state_dict().items() if k.startswith(prefixes)}
+
+    @cached_property
+    def _input_fp(self) -> str:
+        return fingerprint_tensors(self._params(("vision_model.", "visual_projection.")),
+                                   "hf-clip|" + self.processor.to_json_string())
+
+    @cached_property
+    def _text_fp(self) -> str:
+        return fingerprint_tensors(self._params(("text_model.", "text_projection.")),
+                                   "hf-clip|" + self.tokenizer.backend_tokenizer.to_str())
+
+    def input_fingerprint(self) -> str:
+        return self._input_fp
+
+    def text_fingerprint(self) -> str:
+        return self._text_fp
+
+    # -- edits --------------------------------------------------------------------------------
+    def _copy(self, model, ref_suffix: str) -> "HFClip":
+        return HFClip(model, self.tokenizer, self.processor, self.ref + ref_suffix)
+
+    def with_adapter(self, adapter_dir: Path) -> "HFClip":
+        from peft import PeftModel
+
+        try:
+            merged = PeftModel.from_pretrained(copy.deepcopy(self.model), adapter_dir).merge_and_unload()
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {self.ref}: {exc}",
+                             "the adapter must have been trained on this base model") from None
+        return self._copy(merged, f"+adapter:{adapter_dir}")
+
+    def trainable(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model).eval()  # eval: CLIP has no dropout; keeps runs deterministic
+
+    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return _pooled(module.get_image_features(pixel_values=batch))
+
+    def with_edit(self, operator: torch.Tensor) -> "HFClip":
+        model = copy.deepcopy(self.model)
+        projection = model.visual_projection
+        weight, bias = fold_into_linear(projection.weight.data, projection.bias, operator)
+        projection.weight.data.copy_(weight)
+        if bias is not None:
+            projection.bias.data.copy_(bias)
+        return self._copy(model, "+edit")
+
+    # -- export -------------------------------------------------------------------------------
+    def onnx_towers(self) -> list[OnnxTower]:
+        size = self.model.config.vision_config.image_size
+        channels = self.model.config.vision_config.num_channels
+        pixels = torch.zeros(2, channels, size, size)
+        tokens = self._tokenize(["a photo of a thing.", "a photo."])
+        return [
+            OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels},
+                      "image_embeds", {"pixel_values": {0: "batch"}}),
+            OnnxTower("text_model", _TextTower(self.model).eval(),
+                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
+                      "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
+                                      "attention_mask": {0: "batch", 1: "sequence"}}),
+        ]
+
+    def save_native(self, folder: Path) -> str:
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        self.processor.save_pretrained(folder)
+        return "hf"
+
+
+def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: int = 2, heads: int = 2,
+               image_size: int = 32, patch_size: int = 8, seed: int = 0) -> Path:
+    """Save a small random-weight CLIPModel with a real (byte-level BPE) CLIP tokenizer and
+    image processor, built offline from configs: for tests, the demo and the zoo."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+    symbols = list(bytes_to_unicode().values())
+    vocab = {token: i for i, token in enumerate(symbols + [s + "</w>" for s in symbols])}
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
+    eos = vocab["<|endoftext|>"]
+    # CLIP pools the EOS position; with eos_token_id == 2 it would fall back to argmax(ids).
+    text = dict(vocab_size=len(vocab), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                num_attention_heads=heads, max_position_embeddings=64, eos_token_id=eos,
+                bos_token_id=vocab["<|startoftext|>"], pad_token_id=eos)
+    vision = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                  num_attention_heads=heads, image_size=image_size, patch_size=patch_size)
+    torch.manual_seed(seed)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=embed_dim)).eval()
+    processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                   crop_size={"height": image_size, "width": image_size})
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+register_hf_family(["clip"], HFClip.load)
