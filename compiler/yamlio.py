@@ -95,7 +95,18 @@ def _describe_error(err: dict, model: type[pydantic.BaseModel]) -> str:
         return "required field is missing"
     got = err.get("input")
     shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
-    return f"{err['msg'].rstrip('.')}, got {shown}"
+    message = err["msg"].removeprefix("Value error, ").rstrip(".")
+    if isinstance(got, str) and _looks_numeric(got):
+        message += " (YAML reads exponents without a sign as text: write 1.0e+9, not 1.0e9)"
+    return f"{message}, got {shown}"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _allowed_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
@@ -120,7 +131,8 @@ def validate(model: type[pydantic.BaseModel], data: Any, path: Path, locate, err
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
+        # An unknown key usually also makes a required one "missing": report the key first.
+        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         line = locate(loc)
         where = f"{path}:{line}" if line else str(path)

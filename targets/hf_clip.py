@@ -7,6 +7,7 @@ The image embedding is `visual_projection(pooled vision output)`, a bias-free Li
 from __future__ import annotations
 
 import copy
+import json
 from functools import cached_property
 from pathlib import Path
 
@@ -104,8 +105,12 @@ class HFClip:
 
     @cached_property
     def _text_fp(self) -> str:
+        # The serialised tokenizer also records the last call's truncation/padding settings;
+        # those are call state, not identity, so they stay out of the hash.
+        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
+        spec.pop("truncation", None), spec.pop("padding", None)
         return fingerprint_tensors(self._params(("text_model.", "text_projection.")),
-                                   "hf-clip|" + self.tokenizer.backend_tokenizer.to_str())
+                                   "hf-clip|" + json.dumps(spec, sort_keys=True))
 
     def input_fingerprint(self) -> str:
         return self._input_fp

@@ -1,0 +1,92 @@
+"""Shared fixtures: a tiny generated world, two tiny CLIPModels of different widths built
+from configs (real tokenizer, saved with save_pretrained), LoRA sources trained here, a full
+fine-tuned checkpoint, a bank, and one complete build that many tests inspect."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@dataclass
+class World:
+    root: Path
+    tasks: dict[str, Path]        # task name -> task file
+    source: Path                  # tiny CLIP, width 32, d = 16
+    target: Path                  # tiny CLIP, width 48, d = 24
+    adapters: dict[str, Path]     # task -> LoRA adapter folder on the source
+    full_finetune: Path           # source with the colour adapter merged, saved natively
+    bank: Path
+
+
+def run_ptc(*args, cwd=None, env=None):
+    """Run the real CLI in a subprocess; returns CompletedProcess with text output."""
+    return subprocess.run([sys.executable, "-m", "compiler.cli", *map(str, args)], cwd=cwd or REPO,
+                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> World:
+    import targets
+    from compiler.bank import Bank
+    from compiler.demo import write_world
+    from compiler.finetune import finetune_lora
+    from compiler.grid import load_task
+    from compiler.sources import add_descriptor
+    from targets.hf_clip import build_tiny
+
+    root = tmp_path_factory.mktemp("world")
+    tasks = write_world(root / "world", probes=16, train=8, test=6)
+    source = build_tiny(root / "models" / "source", width=32, embed_dim=16, seed=1)
+    target = build_tiny(root / "models" / "target", width=48, embed_dim=24, seed=2)
+    bank = Bank(root / "bank")
+    encoder = targets.load(f"hf:{source}")
+    adapters = {}
+    for name, task_file in tasks.items():
+        record, _ = bank.add_task(load_task(task_file))
+        adapters[name] = root / "adapters" / name
+        finetune_lora(encoder, record, task_file.parent / "train", adapters[name], steps=12, progress=False)
+        add_descriptor(bank, name, f"hf:{source}", str(adapters[name]), "src", progress=False)
+    full = root / "models" / "source-colour-full"
+    encoder.with_adapter(adapters["colour"]).save_native(full)
+    add_descriptor(bank, "colour", f"hf:{source}", f"hf:{full}", "full", progress=False)
+    return World(root, tasks, source, target, adapters, full, bank.root)
+
+
+def write_recipe(path: Path, world: World, terms=None, **overrides) -> Path:
+    recipe = {"target": f"hf:{world.target}",
+              "terms": terms or [{"task": "colour", "source": "src", "weight": 0.5},
+                                 {"task": "shape", "source": "src", "weight": -1.0}],
+              "bank": str(world.bank), "export": {"out": str(path.parent / "out")}}
+    recipe.update(overrides)
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def built(world, tmp_path_factory):
+    """One real `ptc build` through the CLI; returns (output folder, completed process)."""
+    folder = tmp_path_factory.mktemp("build")
+    recipe = write_recipe(folder / "recipe.yaml", world)
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    return folder / "out", result
+
+
+@pytest.fixture()
+def bank_copy(world, tmp_path) -> Path:
+    """A private copy of the session bank for tests that damage or extend it."""
+    copy = tmp_path / "bank"
+    shutil.copytree(world.bank, copy)
+    return copy

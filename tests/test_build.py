@@ -1,0 +1,151 @@
+"""`ptc build` end to end on tiny HF CLIP models of different widths, checked against
+independent computations: transformers and onnxruntime directly, not ptc's own verify."""
+
+import hashlib
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import safetensors.torch
+import torch
+from transformers import CLIPImageProcessor, CLIPModel
+
+from compiler.bank import Bank
+from compiler.embed import model_key
+from conftest import run_ptc, write_recipe
+
+import targets
+
+
+def _pixels(paths, folder):
+    from PIL import Image
+    processor = CLIPImageProcessor.from_pretrained(folder)
+    return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
+
+
+def _edit_operator(world, report):
+    """A = sum w_l A_l, read back from the bank's operator files by the hashes in the report."""
+    bank = Bank(world.bank)
+    key = model_key(targets.load(f"hf:{world.target}"))
+    total = torch.zeros(24, 24, dtype=torch.float64)
+    for term in report["terms"]:
+        entry = bank.operator(key, term["grid_hash"], term["descriptor_sha256"], 1.0)
+        assert entry.sha256 == term["operator_sha256"]
+        total += term["weight"] * entry.tensors["operator"].double()
+    return total
+
+
+def test_build_writes_the_output_contract(built):
+    out, result = built
+    for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json",
+                 "model/preprocessor_config.json", "onnx/vision_model.onnx", "onnx/text_model.onnx",
+                 "report.json", "recipe.yaml", "ptc.lock", "README.md"):
+        assert (out / name).is_file(), name
+    report = json.loads((out / "report.json").read_text())
+    verify = report["verify"]
+    assert verify["linearity"]["max_rel_diff_fp64"] <= 1e-12
+    assert verify["linearity"]["max_rel_diff_fp32"] <= 1e-6
+    for figure in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff"):
+        assert verify["equivalence"][figure] <= 1e-5
+    assert {"load", "embed", "solve", "fold", "export_onnx"} <= set(report["timings"])
+    assert [t["task"] for t in report["terms"]] == ["colour", "shape"]
+    assert (out / "recipe.yaml").read_bytes() == (out.parent / "recipe.yaml").read_bytes()
+    assert "linearity fp64" in result.stdout
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_lock_hashes_every_output_file(built):
+    out, _ = built
+    lock = json.loads((out / "ptc.lock").read_text())
+    assert lock["outputs"]
+    for name, sha in lock["outputs"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == sha
+    assert lock["lock_hash"] == json.loads((out / "report.json").read_text())["lock_hash"]
+    assert lock["lock_hash"] in (out / "README.md").read_text()
+
+
+def test_saved_model_is_the_base_with_the_folded_edit(world, built):
+    out, _ = built
+    report = json.loads((out / "report.json").read_text())
+    operator = _edit_operator(world, report)
+    assert float(operator.norm()) > 0
+    base = CLIPModel.from_pretrained(world.target).eval()
+    edited = CLIPModel.from_pretrained(out / "model").eval()
+    probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:9]
+    pixels = _pixels(probes, world.target)
+    with torch.no_grad():
+        z = base.get_image_features(pixel_values=pixels).pooler_output.double()
+        got = edited.get_image_features(pixel_values=pixels).pooler_output.double()
+    expected = z @ (torch.eye(24, dtype=torch.float64) + operator).T
+    assert (got - expected).abs().max() < 1e-5
+    assert (got - z).abs().max() > 1e-4  # the edit did something
+    # Only the projection changed: every other tensor is bit-identical.
+    base_sd, edited_sd = base.state_dict(), edited.state_dict()
+    changed = [k for k in base_sd if not torch.equal(base_sd[k], edited_sd[k])]
+    assert changed == ["visual_projection.weight"]
+
+
+def test_onnx_towers_match_torch_at_any_batch(world, built):
+    out, _ = built
+    edited = CLIPModel.from_pretrained(out / "model").eval()
+    vision = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in vision.get_inputs()] == ["pixel_values"]
+    assert [o.name for o in vision.get_outputs()] == ["image_embeds"]
+    probes = sorted((world.tasks["shape"].parent / "test").rglob("*.png"))
+    for count in (1, 3, 7):
+        pixels = _pixels(probes[:count], world.target)
+        (got,) = vision.run(None, {"pixel_values": pixels.numpy()})
+        with torch.no_grad():
+            want = edited.get_image_features(pixel_values=pixels).pooler_output.numpy()
+        assert got.shape == (count, 24) and np.abs(got - want).max() < 1e-5
+    text = ort.InferenceSession(str(out / "onnx" / "text_model.onnx"), providers=["CPUExecutionProvider"])
+    from transformers import AutoTokenizer
+    tokens = AutoTokenizer.from_pretrained(out / "model")(["a red thing.", "a photo of a circle shape.", "x"],
+                                                            padding=True, return_tensors="pt")
+    (got,) = text.run(None, {"input_ids": tokens["input_ids"].numpy(),
+                             "attention_mask": tokens["attention_mask"].numpy()})
+    with torch.no_grad():
+        want = edited.get_text_features(**tokens).pooler_output.numpy()
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_warm_rebuild_runs_no_forward_pass_and_is_reproducible(world, built, tmp_path):
+    out, _ = built
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    again = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert again["cache"] == {"embeddings_computed": 0, "factors_computed": 0, "operators_solved": 0}
+    first = json.loads((out / "report.json").read_text())
+    assert [t["operator_sha256"] for t in again["terms"]] == [t["operator_sha256"] for t in first["terms"]]
+    a = safetensors.torch.load_file(out / "model" / "model.safetensors")
+    b = safetensors.torch.load_file(tmp_path / "out" / "model" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eval_reads_a_build_output_and_a_reference(world, built):
+    out, _ = built
+    test_dir = world.tasks["colour"].parent / "test"
+    for model in (str(out), f"hf:{world.target}"):
+        result = run_ptc("eval", model, "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json")
+        assert result.returncode == 0, result.stderr
+        figures = json.loads(result.stdout)
+        assert figures["total"] == 24 and 0 <= figures["accuracy"] <= 1
+    # Independent zero-shot accuracy of the edited model with transformers alone.
+    from PIL import Image
+    from transformers import AutoTokenizer
+    model = CLIPModel.from_pretrained(out / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    task = Bank(world.bank).task("colour")
+    with torch.no_grad():
+        text = model.get_text_features(**tokenizer(task.prompts, padding=True, return_tensors="pt")).pooler_output
+        text = torch.nn.functional.normalize(text, dim=-1).reshape(len(task.classes), len(task.templates), -1).mean(1)
+        text = torch.nn.functional.normalize(text, dim=-1)
+        files = [(f, task.classes.index(f.parent.name)) for f in sorted(test_dir.rglob("*.png"))]
+        pixels = _pixels([f for f, _ in files], out / "model")
+        image = torch.nn.functional.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)
+    predicted = (image @ text.T).argmax(1)
+    accuracy = float((predicted == torch.tensor([c for _, c in files])).float().mean())
+    result = run_ptc("eval", str(out), "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json")
+    assert json.loads(result.stdout)["accuracy"] == pytest.approx(accuracy, abs=1e-9)
