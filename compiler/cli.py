@@ -7,6 +7,7 @@ import functools
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -49,6 +50,9 @@ def handled(command):
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def main(debug: bool) -> None:
     """ptc, the platonic task compiler: recipes of signed task sums -> edited encoders."""
+    if not debug:  # libraries' deprecation chatter is not for ptc's users
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def _bank(path: Path | None):

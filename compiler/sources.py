@@ -8,8 +8,9 @@ import targets
 
 from .bank import Bank, Entry
 from .descriptor import task_descriptor
-from .embed import embed_grid
+from .embed import check_grid_unchanged, embed_grid
 from .errors import ModelError
+from .grid import check_name
 
 
 def load_finetuned(source, finetuned: str, base_dir: Path):
@@ -28,7 +29,8 @@ def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: s
                    descriptor_id: str, base_dir: Path = Path("."), batch_size: int = 64,
                    progress: bool = True) -> Entry:
     task = bank.task(task_name)
-    bank.descriptor_ids(task_name)  # validates the name before any weights load
+    check_name("descriptor", descriptor_id)
+    check_grid_unchanged(task)  # bad input is reported before any weights load
     source = targets.load(source_ref, base_dir)
     finetuned = load_finetuned(source, finetuned_ref, base_dir)
     if finetuned.text_fingerprint() != source.text_fingerprint():

@@ -1,0 +1,93 @@
+"""Descriptors from peft adapters and from full checkpoints, against transformers + peft
+used directly; `ptc finetune`; the demo; the family protocol."""
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoTokenizer, CLIPModel
+
+import targets
+from compiler.bank import Bank
+from compiler.evaluate import resolve_model
+from conftest import REPO, run_ptc
+from test_build import _pixels
+
+
+def _independent_descriptor(world, task_name):
+    task = Bank(world.bank).task(task_name)
+    base = CLIPModel.from_pretrained(world.source).eval()
+    tuned = PeftModel.from_pretrained(CLIPModel.from_pretrained(world.source), world.adapters[task_name]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(world.source)
+    pixels = _pixels(list(task.probes), world.source)
+    with torch.no_grad():
+        text = base.get_text_features(**tokenizer(task.prompts, padding=True, return_tensors="pt")).pooler_output
+        text = torch.nn.functional.normalize(text.double(), dim=-1).reshape(len(task.classes), -1, text.shape[-1])
+        rows = torch.nn.functional.normalize(text.mean(1), dim=-1)
+        f_pre = torch.nn.functional.normalize(base.get_image_features(pixel_values=pixels).pooler_output.double(), dim=-1)
+        f_ft = torch.nn.functional.normalize(tuned.get_image_features(pixel_values=pixels).pooler_output.double(), dim=-1)
+    return f_ft @ rows.T - f_pre @ rows.T
+
+
+@pytest.mark.parametrize("task_name", ["colour", "shape"])
+def test_adapter_descriptor_matches_transformers_and_peft(world, task_name):
+    stored = Bank(world.bank).descriptor(task_name, "src")
+    expected = _independent_descriptor(world, task_name)
+    assert stored.tensors["utd"].shape == expected.shape == (16, len(Bank(world.bank).task(task_name).classes))
+    assert float(expected.abs().max()) > 1e-4  # the fine-tune moved the affinities
+    assert (stored.tensors["utd"].double() - expected).abs().max() < 1e-5
+    assert stored.meta["grid_hash"] == Bank(world.bank).task(task_name).grid_hash
+
+
+def test_full_checkpoint_and_adapter_give_the_same_descriptor(world):
+    bank = Bank(world.bank)
+    adapter, full = bank.descriptor("colour", "src"), bank.descriptor("colour", "full")
+    assert (adapter.tensors["utd"] - full.tensors["utd"]).abs().max() < 1e-5
+    assert adapter.meta["text_fingerprint"] == full.meta["text_fingerprint"]
+
+
+def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path):
+    data = world.tasks["shape"].parent / "train"
+    result = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data,
+                     "--out", tmp_path / "lora", "--steps", "3", "--bank", bank_copy)
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and "vision_model" in config["target_modules"]
+    result = run_ptc("descriptor", "add", "--task", "shape", "--source", f"hf:{world.source}",
+                     "--finetuned", tmp_path / "lora", "--id", "cli", "--bank", bank_copy)
+    assert result.returncode == 0, result.stderr
+    assert "descriptor shape/cli: 16x3" in result.stdout
+    assert "cli" in Bank(bank_copy).descriptor_ids("shape")
+    # The refusal to overwrite a non-empty adapter folder.
+    again = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data,
+                    "--out", tmp_path / "lora", "--steps", "1", "--bank", bank_copy)
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_every_family_meets_the_protocol(world):
+    encoder = targets.load(f"hf:{world.target}")
+    assert isinstance(encoder, targets.DualEncoder)
+    towers = encoder.onnx_towers()
+    assert towers[0].name == "vision_model" and len(next(iter(towers[0].example_inputs.values()))) >= 2
+    assert sorted(targets.HF_MODEL_TYPES) == ["clip"]
+
+
+def test_resolve_model_of_a_build_output(built):
+    out, _ = built
+    assert resolve_model(str(out)) == ("hf:model", out.resolve())
+
+
+def test_demo_runs_end_to_end_and_the_example_recipe_builds_on_it(tmp_path):
+    result = run_ptc("demo", "--workdir", tmp_path / "ptc-demo", "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    assert "target zero-shot on colour" in result.stdout and "verified: linearity" in result.stdout
+    assert (tmp_path / "ptc-demo" / "dist" / "target-edit" / "onnx" / "vision_model.onnx").is_file()
+    # recipes/demo.yaml names its paths relative to itself, as laid out in a checkout.
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "demo.yaml"
+    recipe.write_bytes((REPO / "recipes" / "demo.yaml").read_bytes())
+    assert run_ptc("check", recipe).returncode == 0
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "dist" / "demo-edit" / "report.json").is_file()
