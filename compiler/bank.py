@@ -17,7 +17,6 @@ what it was made from and a hash of its tensors, checked on every read):
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import struct
@@ -31,21 +30,13 @@ from . import __version__
 from .errors import BankError
 from .fsio import write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
+from .hashing import tensors_sha256
 
 BANK_FORMAT = 1
 
 
 def default_bank_dir() -> Path:
     return Path(os.environ.get("PTC_BANK") or Path.home() / ".cache" / "ptc" / "bank")
-
-
-def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().contiguous().cpu()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ def staged_directory(final: Path, replace: bool) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
     try:
         yield staging
+        if final.is_dir() and not any(final.iterdir()):
+            final.rmdir()  # an empty folder is no output to protect
         if final.exists():
             if not replace:
                 raise FileExistsError(final)

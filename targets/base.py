@@ -6,12 +6,13 @@ calls these methods; it never asks which family it holds.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
+
+from compiler.hashing import tensors_sha256
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,8 @@ class DualEncoder(Protocol):
 
 
 def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:
-    """sha256 of named tensors (sorted by name) plus a free-form string (configs)."""
-    digest = hashlib.sha256(extra.encode())
-    for name in sorted(named):
-        tensor = named[name].detach().contiguous().cpu()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """Hash of named tensors plus a free-form string (configs, tokenizer)."""
+    return tensors_sha256(named, prefix=extra)
 
 
 def fold_into_linear(weight: torch.Tensor, bias: torch.Tensor | None, operator: torch.Tensor):

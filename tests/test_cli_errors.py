@@ -119,3 +119,20 @@ def test_tampered_bank_entry_is_detected(world, bank_copy, tmp_path):
     assert result.returncode == 2 and "1 problems" in result.stdout
     entry.write_bytes(bytes(data[:40]))  # truncated
     _one_line_error(run_ptc("check", recipe), 2, "is corrupt")
+
+
+def test_bank_location_precedence(world, tmp_path):
+    """--bank wins over the recipe's bank:, which wins over $PTC_BANK."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    env = {"PTC_BANK": str(tmp_path / "env-bank")}
+    assert f"bank {world.bank}" in run_ptc("check", recipe, env=env).stdout
+    _one_line_error(run_ptc("check", recipe, "--bank", tmp_path / "empty", env=env), 2, "not registered")
+    listing = run_ptc("task", "list", env={"PTC_BANK": str(world.bank)})
+    assert listing.returncode == 0 and "colour" in listing.stdout and "full, src" in listing.stdout
+
+
+def test_empty_output_folder_is_used(world, tmp_path):
+    (tmp_path / "out").mkdir()
+    result = run_ptc("build", write_recipe(tmp_path / "recipe.yaml", world))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "report.json").is_file()

@@ -1,0 +1,18 @@
+"""Content hashes of tensors: the one definition the bank (entry integrity) and the model
+families (weight fingerprints) share."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def tensors_sha256(named: dict[str, torch.Tensor], prefix: str = "") -> str:
+    """sha256 of `prefix` and each tensor's name, dtype, shape and raw bytes, sorted by name."""
+    digest = hashlib.sha256(prefix.encode())
+    for name in sorted(named):
+        tensor = named[name].detach().contiguous().cpu()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
