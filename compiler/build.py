@@ -10,26 +10,31 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 import targets
 
 from . import __version__
 from .bank import Bank, Entry, TaskRecord
-from .embed import GridEmbeddings, check_grid_unchanged, embed_grid, model_key
+from .adapter import GridGoal, fit_adapter
+from .descriptor import affinity
+from .embed import GridEmbeddings, check_grid_unchanged, embed_grid, embed_probe_files, model_key
 from .errors import BankError, OutputError, PtcError
 from .export import export_onnx, lock_record, model_card, output_hashes, run_onnx
 from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
+from .hashing import tensors_sha256
+from .lora import default_device
 from .options import Options
 from .recipe import Recipe, Term, load_recipe
 from .solve import GridFactors, factorize, solve_operator
-from .verify import embedding_equivalence, linearity, max_abs_difference, require
+from .verify import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
 
 
 @dataclass(frozen=True)
@@ -165,17 +170,110 @@ def _check_paths(plan_: Plan, count: int) -> list[Path]:
     return picked[:max(count, len(grids))]
 
 
-def _linearity(plan_: Plan, grids: dict[str, tuple], ridge: float) -> dict:
+def _grid_goals(plan_: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
+    """sum_l w_l U_l per grid (float64): what the edit should do to each grid's affinities."""
+    goals: dict[str, torch.Tensor] = {}
+    for pt in plan_.terms:
+        scaled = pt.term.weight * pt.descriptor.tensors["utd"].double()
+        goals[pt.task.name] = goals[pt.task.name] + scaled if pt.task.name in goals else scaled
+    return goals
+
+
+def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
     """Per task grid: the term's descriptor plus up to two more of that task from the bank."""
     per_task = {}
-    for name, (task, _emb, factors) in grids.items():
+    for name, grid_factors in factors.items():
         ids = [pt.term.source for pt in plan_.terms if pt.task.name == name]
         ids += [i for i in plan_.bank.descriptor_ids(name) if i not in ids]
         descriptors = [plan_.bank.descriptor(name, i).tensors["utd"] for i in ids[:3]]
-        per_task[name] = linearity(factors, descriptors, ridge)
+        per_task[name] = linearity(grid_factors, descriptors, ridge)
     return {"max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
             "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
             "per_task": per_task}
+
+
+@dataclass
+class _Edit:
+    """What a route hands back: the edited model, its embeddings of every grid's probes,
+    its torch-level equivalence figure and whatever it adds to report, lock and terms."""
+
+    edited: object
+    grid_inputs: dict[str, torch.Tensor]
+    torch_max_abs_diff: float
+    report: dict
+    lock: dict
+    term_hashes: list[str | None]
+    card: str
+
+
+def _closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+                 check_batch: torch.Tensor, run: _Run, options: Options) -> _Edit:
+    recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
+    with run.stage("factorize"):
+        factors = {name: _grid_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run)[0]
+                   for name, emb in grids.items()}
+    with run.stage("solve"):
+        operators = [_operator(plan_.bank, target_key, target, pt, factors[pt.task.name], ridge, run)
+                     for pt in plan_.terms]
+        edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
+    with run.stage("verify_linearity"):
+        lin = _linearity(plan_, factors, ridge)
+        require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
+        require("linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol)
+    with run.stage("fold"):
+        edited = target.with_edit(edit)
+    with run.stage("verify_torch"):
+        diff = embedding_equivalence(target.embed_inputs(check_batch), edited.embed_inputs(check_batch), edit)
+        require("torch_max_abs_diff (edited vs (I + A) z)", diff, recipe.verify.equivalence_atol)
+    # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
+    identity = torch.eye(edit.shape[0], dtype=torch.float64)
+    grid_inputs = {name: emb.inputs.double() @ (identity + edit).T for name, emb in grids.items()}
+    return _Edit(edited, grid_inputs, diff, {"linearity": lin, "operator_norm": float(edit.norm())},
+                 {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
+                 "The image embedding is `(I + A) z`, with `A` the signed sum of the closed-form operators "
+                 "below, folded into the last affine layer")
+
+
+def _adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+             check_batch: torch.Tensor, run: _Run, options: Options) -> _Edit:
+    cfg, device = plan_.recipe.adapter, default_device()
+    goals = _grid_goals(plan_, grids)
+    with run.stage("adapter_inputs"):
+        grid_goals = []
+        for name, emb in grids.items():
+            task = plan_.bank.task(name)
+            grid_goals.append(GridGoal(name, target.load_inputs(list(task.probes)).to(device),
+                                       emb.class_rows.float().to(device),
+                                       affinity(emb.inputs.double(), emb.class_rows).float().to(device),
+                                       goals[name].float().to(device)))
+    with tempfile.TemporaryDirectory(prefix="ptc-adapter-") as folder, run.stage("adapter_train"):
+        module, stats = fit_adapter(target, grid_goals, Path(folder), rank=cfg.rank, alpha=cfg.alpha,
+                                    epochs=cfg.epochs, max_steps=cfg.max_steps, lr=cfg.lr,
+                                    batch_size=cfg.batch_size, seed=cfg.seed, device=device,
+                                    progress=options.progress)
+        adapter_sha = tensors_sha256(load_file(Path(folder) / "adapter_model.safetensors"))
+        edited = target.with_adapter(Path(folder))  # merged: no LoRA modules are exported
+    with run.stage("verify_torch"):
+        with torch.no_grad():
+            unmerged = target.embed_with(module.cpu(), check_batch)
+        diff = max_abs_difference(edited.embed_inputs(check_batch), unmerged)
+        require("torch_max_abs_diff (merged vs unmerged adapter)", diff, plan_.recipe.verify.equivalence_atol)
+    with run.stage("embed_edited"):
+        grid_inputs = {name: embed_probe_files(edited, list(plan_.bank.task(name).probes), options.batch_size,
+                                               f"edited {name}", options.progress) for name in grids}
+    return _Edit(edited, grid_inputs, diff, {"adapter": stats, "linearity": None},
+                 {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}}, [None] * len(plan_.terms),
+                 f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
+                 "signed sum of the descriptors below and merged into the weights")
+
+
+ROUTES = {"closed_form": _closed_form, "adapter": _adapter}
+
+
+def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: _Edit) -> dict[str, float]:
+    goals = _grid_goals(plan_, grids)
+    return {name: descriptor_residual(edit.grid_inputs[name], emb.inputs, emb.class_rows, goals[name])
+            for name, emb in grids.items()}
 
 
 def _export_and_verify(plan_: Plan, edited, check_batch: torch.Tensor, check_paths: list[Path],
@@ -212,69 +310,64 @@ def _export_and_verify(plan_: Plan, edited, check_batch: torch.Tensor, check_pat
     return figures
 
 
-def _term_records(plan_: Plan, operators: list[Entry]) -> list[dict]:
+def _term_records(plan_: Plan, edit: _Edit, residuals: dict[str, float]) -> list[dict]:
     return [{"task": pt.term.task, "source": pt.term.source, "weight": pt.term.weight,
              "grid_hash": pt.task.grid_hash, "descriptor_sha256": pt.descriptor.sha256,
-             "operator_sha256": op.sha256, "operator_norm": float(op.tensors["operator"].norm())}
-            for pt, op in zip(plan_.terms, operators)]
+             "operator_sha256": sha, "grid_residual": residuals[pt.task.name]}
+            for pt, sha in zip(plan_.terms, edit.term_hashes)]
+
+
+def _embed_grids(plan_: Plan, target, options: Options, run: _Run) -> dict[str, GridEmbeddings]:
+    grids: dict[str, GridEmbeddings] = {}
+    for pt in plan_.terms:
+        if pt.task.name not in grids:
+            with run.stage("embed"):
+                grids[pt.task.name] = embed_grid(target, pt.task, plan_.bank, options.batch_size, options.progress)
+                run.counts["embeddings_computed"] += grids[pt.task.name].computed
+    return grids
 
 
 def execute(plan_: Plan, options: Options = Options()) -> dict:
     if plan_.out_dir is None:
         raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
                           "set export.out in the recipe or pass --out")
-    recipe, bank, run = plan_.recipe, plan_.bank, _Run()
-    ridge = recipe.solve.ridge
+    recipe, run = plan_.recipe, _Run()
     with run.stage("load"):
         target = targets.load(recipe.target, plan_.base_dir)
         target_key = model_key(target)
-    grids: dict[str, tuple] = {}
-    for pt in plan_.terms:
-        if pt.task.name in grids:
-            continue
-        with run.stage("embed"):
-            emb = embed_grid(target, pt.task, bank, options.batch_size, options.progress)
-            run.counts["embeddings_computed"] += emb.computed
-        with run.stage("factorize"):
-            factors, _ = _grid_factors(bank, target_key, target, pt.task, emb, run)
-        grids[pt.task.name] = (pt.task, emb, factors)
-    with run.stage("solve"):
-        operators = [_operator(bank, target_key, target, pt, grids[pt.task.name][2], ridge, run)
-                     for pt in plan_.terms]
-        edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
-    with run.stage("verify_linearity"):
-        lin = _linearity(plan_, grids, ridge)
-        require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
-        require("linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol)
-    with run.stage("fold"):
-        edited = target.with_edit(edit)
-    with run.stage("verify_torch"):
-        check_paths = _check_paths(plan_, recipe.verify.check_inputs)
-        check_batch = target.load_inputs(check_paths)
-        torch_diff = embedding_equivalence(target.embed_inputs(check_batch), edited.embed_inputs(check_batch), edit)
-        require("torch_max_abs_diff (edited vs (I + A) z)", torch_diff, recipe.verify.equivalence_atol)
-    terms = _term_records(plan_, operators)
+    grids = _embed_grids(plan_, target, options, run)
+    check_paths = _check_paths(plan_, recipe.verify.check_inputs)
+    check_batch = target.load_inputs(check_paths)
+    edit = ROUTES[recipe.route](plan_, target, target_key, grids, check_batch, run, options)
+    with run.stage("verify_residual"):
+        residuals = _residuals(plan_, grids, edit)
+        if recipe.verify.max_descriptor_residual is not None:
+            require("descriptor residual", max(residuals.values()), recipe.verify.max_descriptor_residual)
+    terms = _term_records(plan_, edit, residuals)
     target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
                      "text_fingerprint": target.text_fingerprint()}
-    lock = lock_record(target_record, terms, ridge, hashlib.sha256(plan_.recipe_bytes).hexdigest())
+    lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
+                       hashlib.sha256(plan_.recipe_bytes).hexdigest())
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
-            exported = _export_and_verify(plan_, edited, check_batch, check_paths, staging, run)
-            verify = {"linearity": lin,
-                      "equivalence": {"torch_max_abs_diff": torch_diff, **{k: exported[k] for k in (
-                          "onnx_max_abs_diff", "onnx_provider", "reload_max_abs_diff")},
-                          "check_inputs": len(check_paths)},
-                      "tolerances": recipe.verify.model_dump()}
-            report = {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "target": target_record,
-                      "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
-                      "terms": terms, "operator": {"frobenius_norm": float(edit.norm())},
+            exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, run)
+            verify = {"linearity": edit.report["linearity"],
+                      "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
+                                      **{k: exported[k] for k in ("onnx_max_abs_diff", "onnx_provider",
+                                                                  "reload_max_abs_diff")},
+                                      "check_inputs": len(check_paths)},
+                      "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
+            report = {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
+                      "target": target_record, "native_ref": exported["native_ref"],
+                      "embed_dim": target.embed_dim, "terms": terms,
+                      **{k: v for k, v in edit.report.items() if k != "linearity"},
                       "verify": verify, "cache": run.counts, "timings": dict(run.timings),
                       "lock_hash": lock["lock_hash"], "formats": list(recipe.export.formats)}
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
             write_json_atomic(staging / "report.json", report)
-            (staging / "README.md").write_text(model_card(recipe.target, target.library, terms, verify,
-                                                          lock["lock_hash"], recipe.export.formats))
+            (staging / "README.md").write_text(model_card(recipe.target, target.library, edit.card, terms,
+                                                          verify, lock["lock_hash"], recipe.export.formats))
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None

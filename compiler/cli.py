@@ -162,9 +162,12 @@ def build(recipe: Path, bank, out, force, batch_size) -> None:
     p = plan(recipe, options)
     report = execute(p, options)
     lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
-    click.echo(f"linearity fp64 {lin['max_rel_diff_fp64']:.2e}, fp32 {lin['max_rel_diff_fp32']:.2e}; "
-               f"torch {eq['torch_max_abs_diff']:.2e}, onnx {_fmt(eq['onnx_max_abs_diff'])}, "
+    if lin is not None:
+        click.echo(f"linearity fp64 {lin['max_rel_diff_fp64']:.2e}, fp32 {lin['max_rel_diff_fp32']:.2e}")
+    click.echo(f"equivalence torch {eq['torch_max_abs_diff']:.2e}, onnx {_fmt(eq['onnx_max_abs_diff'])}, "
                f"reload {_fmt(eq['reload_max_abs_diff'])}")
+    residuals = ", ".join(f"{k} {v:.3f}" for k, v in report["verify"]["descriptor_residual"].items())
+    click.echo(f"descriptor residual ({report['route']}): {residuals}")
     click.echo(f"built {p.out_dir} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
 
 

@@ -63,20 +63,21 @@ def output_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def lock_record(target: dict, terms: list[dict], ridge: float, recipe_sha: str) -> dict:
+def lock_record(target: dict, terms: list[dict], edit: dict, recipe_sha: str) -> dict:
     """Everything the build read, by hash; its own hash names the build."""
     record = {"tool": "ptc", "version": __version__, "torch": torch.__version__,
-              "recipe_sha256": recipe_sha, "target": target, "solve": {"ridge": ridge}, "terms": terms}
+              "recipe_sha256": recipe_sha, "target": target, "edit": edit, "terms": terms}
     record["lock_hash"] = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
     return record
 
 
-def model_card(target_ref: str, library: str, terms: list[dict], verify: dict, lock_hash: str, formats) -> str:
-    rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | `{t['operator_sha256'][:12]}` |"
-                     for t in terms)
+def model_card(target_ref: str, library: str, edit: str, terms: list[dict], verify: dict, lock_hash: str, formats) -> str:
+    rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |" for t in terms)
     lin, eq = verify["linearity"], verify["equivalence"]
-    figures = [f"- linearity (relative, fp64 / fp32): {lin['max_rel_diff_fp64']:.2e} / {lin['max_rel_diff_fp32']:.2e}",
-               f"- edited vs (I + A) z, torch: {eq['torch_max_abs_diff']:.2e}"]
+    figures = [f"- edited model vs its reference, torch: {eq['torch_max_abs_diff']:.2e}"]
+    if lin is not None:
+        figures.insert(0, f"- linearity (relative, fp64 / fp32): {lin['max_rel_diff_fp64']:.2e} / "
+                          f"{lin['max_rel_diff_fp32']:.2e}")
     if eq.get("onnx_max_abs_diff") is not None:
         figures.append(f"- ONNX vs torch: {eq['onnx_max_abs_diff']:.2e}")
     if eq.get("reload_max_abs_diff") is not None:
@@ -89,11 +90,10 @@ tags: [ptc, task-arithmetic, platonic-task-arithmetic]
 
 # Edited encoder built by ptc {__version__}
 
-Base model: `{target_ref}`. The image embedding is `(I + A) z`, with `A` the signed sum of the
-closed-form operators below, folded into the last affine layer: same architecture, same
-inference cost as the base model.
+Base model: `{target_ref}`. {edit}: same architecture, same inference cost as the base model.
+The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 
-| task | source | weight | operator |
+| task | source | weight | residual |
 | --- | --- | --- | --- |
 {rows}
 

@@ -7,42 +7,36 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .fsio import staged_directory
 from .labelled import labelled_files
+from .lora import attach_lora, default_device, train
 
 LOGIT_SCALE = 30.0
 
 
 def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
-                  alpha: int = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
-                  seed: int = 0, progress: bool = True, replace: bool = False) -> dict:
-    from peft import LoraConfig, get_peft_model
-
+                  alpha: float = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
+                  seed: int = 0, progress: bool = True, replace: bool = False,
+                  device: torch.device | None = None) -> dict:
+    device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
-    torch.manual_seed(seed)
-    inputs = encoder.load_inputs([p for p, _ in pairs])
-    labels = torch.tensor([label for _, label in pairs])
-    class_rows = class_embeddings(encoder.embed_prompts(task.prompts), len(task.classes)).float()
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=encoder.lora_target_modules)
-    module = get_peft_model(encoder.trainable(), config)
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    inputs = encoder.load_inputs([p for p, _ in pairs]).to(device)
+    labels = torch.tensor([label for _, label in pairs], device=device)
+    class_rows = class_embeddings(encoder.embed_prompts(task.prompts), len(task.classes)).float().to(device)
+    module = attach_lora(encoder, rank, alpha, seed, device)
     generator = torch.Generator().manual_seed(seed)
-    bar = tqdm(range(steps), desc=f"finetune {task.name}", disable=None if progress else True, leave=False)
-    loss = accuracy = float("nan")
-    for _ in bar:
-        batch = torch.randint(len(labels), (min(batch_size, len(labels)),), generator=generator)
+
+    def step_loss(_step):
+        batch = torch.randint(len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
         logits = LOGIT_SCALE * normalise(encoder.embed_with(module, inputs[batch])) @ class_rows.T
-        step_loss = torch.nn.functional.cross_entropy(logits, labels[batch])
-        optimizer.zero_grad()
-        step_loss.backward()
-        optimizer.step()
-        loss = step_loss.item()
         accuracy = (logits.detach().argmax(1) == labels[batch]).float().mean().item()
-        bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.2f}")
+        return torch.nn.functional.cross_entropy(logits, labels[batch]), {"acc": accuracy}
+
+    figures = train(module, steps, step_loss, lr, f"finetune {task.name}", progress)
     with staged_directory(Path(out_dir), replace=replace) as staging:
         module.save_pretrained(staging)
-    return {"steps": steps, "final_loss": loss, "final_batch_accuracy": accuracy, "examples": len(labels)}
+    return {"steps": steps, "final_loss": figures.get("loss", float("nan")),
+            "final_batch_accuracy": figures.get("acc", float("nan")), "examples": len(labels)}

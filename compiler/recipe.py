@@ -63,11 +63,28 @@ class Verify(_Strict):
     linearity_rtol: float = 1e-6  # at the float32 precision operators are stored in
     linearity_rtol_fp64: float = 1e-12
     equivalence_atol: float = 1e-5
+    # Relative descriptor residual ||S_edit - S_pre - sum w U|| / ||sum w U|| per grid; None
+    # reports it without a limit.
+    max_descriptor_residual: float | None = None
     check_inputs: int = pydantic.Field(default=16, ge=2, le=4096)
 
     _tolerances = pydantic.field_validator(
-        "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", mode="before"
-    )(lambda cls, v: _positive_finite(v))
+        "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", "max_descriptor_residual", mode="before"
+    )(lambda cls, v: v if v is None else _positive_finite(v))
+
+
+class Adapter(_Strict):
+    """`route: adapter` settings; defaults are the paper's (rank 16, 20 epochs, <= 540 steps)."""
+
+    rank: int = pydantic.Field(default=16, ge=1, le=512)
+    alpha: float | None = None  # None: peft's default lora_alpha
+    epochs: int = pydantic.Field(default=20, ge=1)
+    max_steps: int = pydantic.Field(default=540, ge=1)
+    lr: float = 1e-3
+    batch_size: int = pydantic.Field(default=32, ge=1)
+    seed: int = 42
+
+    _lr = pydantic.field_validator("lr", mode="before")(lambda cls, v: _positive_finite(v))
 
 
 class Export(_Strict):
@@ -87,7 +104,9 @@ class Export(_Strict):
 class Recipe(_Strict):
     target: str = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
     terms: tuple[Term, ...] = pydantic.Field(min_length=1)
+    route: Literal["closed_form", "adapter"] = "closed_form"
     solve: Solve = Solve()
+    adapter: Adapter = Adapter()
     verify: Verify = Verify()
     export: Export = Export()
     bank: str | None = None

@@ -59,3 +59,14 @@ def embedding_equivalence(base_embeddings: torch.Tensor, edited_embeddings: torc
     base = base_embeddings.double()
     expected = base + base @ operator.double().T
     return max_abs_difference(edited_embeddings, expected)
+
+
+def descriptor_residual(edited_inputs: torch.Tensor, pre_inputs: torch.Tensor, class_rows: torch.Tensor,
+                        goal: torch.Tensor) -> float:
+    """||S_edit - S_pre - goal|| / ||goal||: how far the edited model's own affinity change on a
+    grid is from the descriptors it was asked to reproduce (1.0 = no better than no edit)."""
+    from .descriptor import affinity
+
+    rows = class_rows.double()
+    moved = affinity(edited_inputs.double(), rows) - affinity(pre_inputs.double(), rows)
+    return relative_difference(moved, goal.double())

@@ -1,0 +1,43 @@
+"""The LoRA training loop shared by `ptc finetune` (sources) and `route: adapter` (edits):
+peft wraps a copy of the encoder's torch module on the family's q/v projections; training is
+deterministic under a seed and runs on a GPU when one is present."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device):
+    """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
+    extra = {} if alpha is None else {"lora_alpha": alpha}
+    config = LoraConfig(r=rank, lora_dropout=0.0, target_modules=encoder.lora_target_modules, **extra)
+    module = get_peft_model(encoder.trainable(), config).to(device)
+    if not any(p.requires_grad for p in module.parameters()):
+        raise ValueError(f"no module of {encoder.ref} matches {encoder.lora_target_modules!r}")
+    return module
+
+
+def train(module, steps: int, step_loss: Callable[[int], tuple[torch.Tensor, dict]], lr: float,
+          desc: str, progress: bool = True) -> dict:
+    """Run `steps` AdamW steps of `step_loss(step) -> (loss, figures for the progress bar)`."""
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
+    bar = tqdm(range(steps), desc=desc, disable=None if progress else True, leave=False)
+    figures: dict = {}
+    for step in bar:
+        loss, figures = step_loss(step)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        figures = {"loss": loss.item(), **figures}
+        bar.set_postfix({k: f"{v:.4g}" for k, v in figures.items()})
+    return figures
