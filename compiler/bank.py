@@ -31,6 +31,7 @@ from .errors import BankError
 from .fsio import write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
 from .hashing import tensors_sha256
+from .timers import timed
 
 BANK_FORMAT = 1
 
@@ -91,13 +92,15 @@ class Bank:
         record = {**meta, "tensors_sha256": sha, "ptc_version": __version__}
         data = safetensors.torch.save(tensors, metadata={"format": "pt", "ptc": json.dumps(record, sort_keys=True)})
         path = self.root / relpath
-        write_bytes_atomic(path, data)
+        with timed("bank_write"):
+            write_bytes_atomic(path, data)
         return Entry(path, tensors, record, sha)
 
     def read_entry(self, relpath: str) -> Entry | None:
         path = self.root / relpath
         try:
-            data = path.read_bytes()
+            with timed("bank_read"):
+                data = path.read_bytes()
         except FileNotFoundError:
             return None
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ from .export import export_onnx, lock_record, model_card, output_hashes, run_onn
 from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
 from .hashing import tensors_sha256
 from .lora import default_device
+from .operators import ensure_factors, ensure_operator
 from .options import Options
 from .recipe import Recipe, Term, load_recipe
-from .solve import GridFactors, factorize, solve_operator
+from .solve import GridFactors
 from .verify import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
 
 
@@ -88,7 +90,7 @@ def _output_dir(recipe: Recipe, base: Path, options: Options) -> Path | None:
         return None
     if out.exists() and not out.is_dir():
         raise OutputError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not options.force:
+    if options.export and out.is_dir() and any(out.iterdir()) and not options.force:
         raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
     return out
 
@@ -119,8 +121,8 @@ class _Run:
     """Mutable bookkeeping of one execution: stage timings and cache counters."""
 
     timings: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=lambda: {"embeddings_computed": 0, "factors_computed": 0,
-                                                            "operators_solved": 0})
+    counts: Counter = field(default_factory=lambda: Counter(embeddings_computed=0, factors_computed=0,
+                                                            operators_solved=0))
 
     @contextmanager
     def stage(self, name: str):
@@ -129,34 +131,6 @@ class _Run:
             yield
         finally:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
-
-
-def _grid_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: GridEmbeddings,
-                  run: _Run) -> tuple[GridFactors, Entry]:
-    entry = bank.factors(target_key, task.grid_hash)
-    if entry is None:
-        factors = factorize(emb.inputs, emb.class_rows)
-        entry = bank.put_factors(target_key, task.grid_hash, factors.as_tensors(),
-                                 {"kind": "factors", "target_ref": target.ref, "task": task.name,
-                                  "grid_hash": task.grid_hash})
-        run.counts["factors_computed"] += 1
-    return GridFactors.from_tensors(entry.tensors), entry
-
-
-def _operator(bank: Bank, target_key: str, target, pt: PlannedTerm, factors: GridFactors, ridge: float,
-              run: _Run) -> Entry:
-    entry = bank.operator(target_key, pt.task.grid_hash, pt.descriptor.sha256, ridge)
-    if entry is None:
-        operator = solve_operator(factors, pt.descriptor.tensors["utd"], ridge).float()
-        entry = bank.put_operator(target_key, pt.task.grid_hash, pt.descriptor.sha256, ridge, operator,
-                                  {"kind": "operator", "target_ref": target.ref, "task": pt.task.name,
-                                   "source": pt.term.source, "descriptor_sha256": pt.descriptor.sha256,
-                                   "grid_hash": pt.task.grid_hash, "ridge": ridge})
-        run.counts["operators_solved"] += 1
-    if entry.tensors["operator"].shape != (target.embed_dim, target.embed_dim):
-        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
-                        f"embeds in {target.embed_dim} dimensions", "delete the entry and rebuild")
-    return entry
 
 
 def _check_paths(plan_: Plan, count: int) -> list[Path]:
@@ -210,11 +184,11 @@ def _closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbe
                  check_batch: torch.Tensor, run: _Run, options: Options) -> _Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
     with run.stage("factorize"):
-        factors = {name: _grid_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run)[0]
+        factors = {name: ensure_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts)
                    for name, emb in grids.items()}
     with run.stage("solve"):
-        operators = [_operator(plan_.bank, target_key, target, pt, factors[pt.task.name], ridge, run)
-                     for pt in plan_.terms]
+        operators = [ensure_operator(plan_.bank, target_key, target, pt.task, pt.descriptor,
+                                     factors[pt.task.name], ridge, run.counts) for pt in plan_.terms]
         edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
     with run.stage("verify_linearity"):
         lin = _linearity(plan_, factors, ridge)
@@ -328,7 +302,7 @@ def _embed_grids(plan_: Plan, target, options: Options, run: _Run) -> dict[str, 
 
 
 def execute(plan_: Plan, options: Options = Options()) -> dict:
-    if plan_.out_dir is None:
+    if plan_.out_dir is None and options.export:
         raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
                           "set export.out in the recipe or pass --out")
     recipe, run = plan_.recipe, _Run()
@@ -348,27 +322,44 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
                      "text_fingerprint": target.text_fingerprint()}
     lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
                        hashlib.sha256(plan_.recipe_bytes).hexdigest())
+    context = (plan_, target, edit, residuals, terms, target_record, lock, check_paths, run)
+    if not options.export:  # verified up to the exports; nothing is written
+        return _report(*context, NOT_EXPORTED)
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
             exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, run)
-            verify = {"linearity": edit.report["linearity"],
-                      "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
-                                      **{k: exported[k] for k in ("onnx_max_abs_diff", "onnx_provider",
-                                                                  "reload_max_abs_diff")},
-                                      "check_inputs": len(check_paths)},
-                      "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
-            report = {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
-                      "target": target_record, "native_ref": exported["native_ref"],
-                      "embed_dim": target.embed_dim, "terms": terms,
-                      **{k: v for k, v in edit.report.items() if k != "linearity"},
-                      "verify": verify, "cache": run.counts, "timings": dict(run.timings),
-                      "lock_hash": lock["lock_hash"], "formats": list(recipe.export.formats)}
+            report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
             write_json_atomic(staging / "report.json", report)
             (staging / "README.md").write_text(model_card(recipe.target, target.library, edit.card, terms,
-                                                          verify, lock["lock_hash"], recipe.export.formats))
+                                                          report["verify"], lock["lock_hash"],
+                                                          recipe.export.formats))
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None
     return report
+
+
+NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "reload_max_abs_diff": None, "native_ref": None}
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _report(plan_: Plan, target, edit: _Edit, residuals, terms, target_record, lock, check_paths,
+            run: _Run, exported: dict) -> dict:
+    recipe = plan_.recipe
+    verify = {"linearity": edit.report["linearity"],
+              "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
+                              **{k: exported[k] for k in ("onnx_max_abs_diff", "onnx_provider", "reload_max_abs_diff")},
+                              "check_inputs": len(check_paths)},
+              "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
+    return {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
+            "target": target_record, "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
+            "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
+            "verify": verify, "cache": dict(run.counts), "timings": dict(run.timings),
+            "peak_rss_mb": _peak_rss_mb(), "lock_hash": lock["lock_hash"],
+            "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else []}

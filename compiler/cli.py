@@ -152,13 +152,14 @@ def check(recipe: Path, bank, out, force) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Output directory (overrides export.out).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--batch-size", default=64, show_default=True)
+@click.option("--no-export", is_flag=True, help="Solve, fold and verify in torch; write nothing.")
 @handled
-def build(recipe: Path, bank, out, force, batch_size) -> None:
+def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
     """Build RECIPE: solve, fold, verify, export."""
     from .build import execute, plan
     from .options import Options
 
-    options = Options(bank=bank, out=out, force=force, batch_size=batch_size)
+    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=not no_export)
     p = plan(recipe, options)
     report = execute(p, options)
     lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
@@ -168,7 +169,8 @@ def build(recipe: Path, bank, out, force, batch_size) -> None:
                f"reload {_fmt(eq['reload_max_abs_diff'])}")
     residuals = ", ".join(f"{k} {v:.3f}" for k, v in report["verify"]["descriptor_residual"].items())
     click.echo(f"descriptor residual ({report['route']}): {residuals}")
-    click.echo(f"built {p.out_dir} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
+    where = f"built {p.out_dir}" if not no_export else "verified (--no-export: nothing written)"
+    click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
 
 
 def _fmt(value) -> str:

@@ -7,12 +7,15 @@ import hashlib
 
 import torch
 
+from .timers import timed
+
 
 def tensors_sha256(named: dict[str, torch.Tensor], prefix: str = "") -> str:
     """sha256 of `prefix` and each tensor's name, dtype, shape and raw bytes, sorted by name."""
-    digest = hashlib.sha256(prefix.encode())
-    for name in sorted(named):
-        tensor = named[name].detach().contiguous().cpu()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    with timed("hash_tensors"):
+        digest = hashlib.sha256(prefix.encode())
+        for name in sorted(named):
+            tensor = named[name].detach().contiguous().cpu()
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()

@@ -15,6 +15,7 @@ class Options:
     force: bool = False          # replace a non-empty output directory
     batch_size: int = 64         # probes per forward pass
     progress: bool = True        # progress bars on stderr (tqdm hides them off a terminal)
+    export: bool = True          # False: solve, fold and verify in torch, write nothing
 
     def open_bank(self, recipe_bank: Path | None = None) -> Bank:
         return Bank(self.bank or recipe_bank or default_bank_dir())

@@ -27,11 +27,13 @@ def load_finetuned(source, finetuned: str, base_dir: Path):
 
 def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: str,
                    descriptor_id: str, base_dir: Path = Path("."), batch_size: int = 64,
-                   progress: bool = True) -> Entry:
+                   progress: bool = True, source=None) -> Entry:
+    """Embed the task's grid with the source and its fine-tune and store UTD = S_ft - S_pre.
+    `source` may be passed already loaded (bulk fills load each source once)."""
     task = bank.task(task_name)
     check_name("descriptor", descriptor_id)
     check_grid_unchanged(task)  # bad input is reported before any weights load
-    source = targets.load(source_ref, base_dir)
+    source = source or targets.load(source_ref, base_dir)
     finetuned = load_finetuned(source, finetuned_ref, base_dir)
     if finetuned.text_fingerprint() != source.text_fingerprint():
         raise ModelError(f"{finetuned_ref}: the fine-tune changed the text tower of {source_ref} "

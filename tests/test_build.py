@@ -149,3 +149,11 @@ def test_eval_reads_a_build_output_and_a_reference(world, built):
     accuracy = float((predicted == torch.tensor([c for _, c in files])).float().mean())
     result = run_ptc("eval", str(out), "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json")
     assert json.loads(result.stdout)["accuracy"] == pytest.approx(accuracy, abs=1e-9)
+
+
+def test_no_export_verifies_and_writes_nothing(world, built, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    result = run_ptc("build", recipe, "--no-export")
+    assert result.returncode == 0, result.stderr
+    assert "nothing written" in result.stdout and "linearity fp64" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
