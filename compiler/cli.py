@@ -242,6 +242,28 @@ def bank_verify(bank) -> None:
 
 
 @main.command()
+@click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
+@click.option("--size", type=click.Choice(["tiny", "small", "vit-b"]), default=None,
+              help="Model and grid size (default: small with --quick, vit-b otherwise).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results.json"), show_default=True)
+@handled
+def bench(quick: bool, size: str | None, out: Path) -> None:
+    """Measure the build against its floor; print a table and write JSON."""
+    try:
+        from benchmarks import suite
+    except ImportError:
+        raise PtcError("the benchmarks package is not importable", "run from a checkout: pip install -e .") from None
+    results = suite.run(quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True))
+    suite.write(results, out)
+    rows = suite.summary_rows(results)
+    width = max(len(r[0]) for r in rows)
+    for name, measured, target in rows:
+        click.echo(f"{name:<{width}}  {measured:<48} {target}")
+    click.echo(f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
+               f"cuda {results['machine']['cuda']}; written to {out}")
+
+
+@main.command()
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
 @click.option("--steps", default=60, show_default=True, help="LoRA steps per source.")
 @handled

@@ -1,0 +1,1 @@
+"""`ptc bench`: the build measured against its physical floor (see suite.py)."""
