@@ -313,7 +313,7 @@ def run(quick: bool, size_name: str, echo=print) -> dict:
         root = Path(tmp)
         shape = (1, 2, 4) if quick else (2, 2, 4)
         echo(f"bank build: {shape[0]} targets x {shape[1]} sources x {shape[2]} tasks, size {size_name}")
-        bank_build = bench_bank_build(root / "bank-build", size, *shape, repeats=3)
+        bank_build = bench_bank_build(root / "bank-build", size, *shape, repeats=3 if quick else 1)
         bank, sources, target_refs = bank_build.pop("_state")
         results["bank_build"] = bank_build
         echo("solve at N=2000, M=200, d=768 and at the bench grid")

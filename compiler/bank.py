@@ -17,6 +17,7 @@ what it was made from and a hash of its tensors, checked on every read):
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import struct
@@ -28,7 +29,7 @@ import torch
 
 from . import __version__
 from .errors import BankError
-from .fsio import write_bytes_atomic, write_json_atomic
+from .fsio import file_lock, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
 from .hashing import tensors_sha256
 from .timers import timed
@@ -120,6 +121,23 @@ class Bank:
                                 "delete it and recompute")
         return Entry(path, tensors, record, sha)
 
+    def get_or_compute(self, relpath: str, compute) -> tuple[Entry, bool]:
+        """The entry at `relpath`, or `compute() -> (tensors, meta)` written there.
+
+        The check, the computation and the write happen under a per-entry file lock, so two
+        processes sharing a bank compute a shared entry once: the second finds it written."""
+        entry = self.read_entry(relpath)
+        if entry is not None:
+            return entry, False
+        self._ensure()
+        digest = hashlib.sha256(relpath.encode()).hexdigest()[:32]
+        with file_lock(self.root / ".locks" / f"{digest}.lock"):
+            entry = self.read_entry(relpath)
+            if entry is not None:
+                return entry, False
+            tensors, meta = compute()
+            return self.write_entry(relpath, tensors, meta), True
+
     # -- tasks --------------------------------------------------------------------------------
     def _task_path(self, name: str) -> Path:
         return self.root / "tasks" / f"{check_name('task', name)}.json"
@@ -178,35 +196,27 @@ class Bank:
         return entry
 
     # -- caches keyed by model fingerprint ----------------------------------------------------
-    def embeddings(self, model_fp: str, grid: str) -> Entry | None:
-        return self.read_entry(f"embeddings/{model_fp}/{grid}.safetensors")
-
-    def put_embeddings(self, model_fp: str, grid: str, tensors: dict, meta: dict) -> Entry:
-        return self.write_entry(f"embeddings/{model_fp}/{grid}.safetensors", tensors, meta)
-
-    def factors(self, target_fp: str, grid: str) -> Entry | None:
-        return self.read_entry(f"factors/{target_fp}/{grid}.safetensors")
-
-    def put_factors(self, target_fp: str, grid: str, tensors: dict, meta: dict) -> Entry:
-        return self.write_entry(f"factors/{target_fp}/{grid}.safetensors", tensors, meta)
+    @staticmethod
+    def embeddings_rel(model_fp: str, grid: str) -> str:
+        return f"embeddings/{model_fp}/{grid}.safetensors"
 
     @staticmethod
-    def _operator_rel(target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> str:
+    def factors_rel(target_fp: str, grid: str) -> str:
+        return f"factors/{target_fp}/{grid}.safetensors"
+
+    @staticmethod
+    def operator_rel(target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> str:
         return f"operators/{target_fp}/{grid}/{descriptor_sha[:32]}-r{ridge!r}.safetensors"
-
-    def operator(self, target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> Entry | None:
-        return self.read_entry(self._operator_rel(target_fp, grid, descriptor_sha, ridge))
-
-    def put_operator(self, target_fp: str, grid: str, descriptor_sha: str, ridge: float,
-                     operator: torch.Tensor, meta: dict) -> Entry:
-        return self.write_entry(self._operator_rel(target_fp, grid, descriptor_sha, ridge),
-                                {"operator": operator}, meta)
 
     # -- maintenance --------------------------------------------------------------------------
     def verify_all(self) -> tuple[int, list[str]]:
-        """Re-hash every tensor entry; return (entries checked, problems)."""
+        """Re-hash every tensor entry; return (entries checked, problems). Temporary files of
+        writers that died are removed first: they were never part of the bank."""
+        remove_stale_temporaries(self.root)
         problems, count = [], 0
         for path in sorted(self.root.rglob("*.safetensors")):
+            if path.name.startswith("."):
+                continue
             count += 1
             try:
                 self.read_entry(str(path.relative_to(self.root)))

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 import time
 from collections import Counter
@@ -73,6 +74,11 @@ def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> 
         raise BankError(f"descriptor {term.source!r} was computed on another grid of task {term.task!r} "
                         f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
                         "recompute it with `ptc descriptor add`")
+    text = entry.meta.get("finetuned_text_fingerprint")
+    if text is not None and text != entry.meta.get("text_fingerprint"):
+        raise BankError(f"descriptor {term.source!r} of task {term.task!r} comes from a fine-tune whose text "
+                        "tower differs from its source's; its affinities do not share prompts",
+                        "recompute it from a fine-tune with a frozen text tower")
     expected = (len(task.probes), len(task.classes))
     if tuple(entry.tensors["utd"].shape) != expected:
         raise BankError(f"descriptor {term.source!r} of task {term.task!r} is "
@@ -81,11 +87,30 @@ def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> 
     return PlannedTerm(term, task, entry)
 
 
-def _output_dir(recipe: Recipe, base: Path, options: Options) -> Path | None:
+def _recipe_output(recipe_path: Path, written: str) -> Path:
+    """export.out as the recipe names it: a relative path must stay inside the recipe's
+    folder, neither climbing out with '..' nor through a symlink (--out is the way to
+    write elsewhere)."""
+    base = recipe_path.parent
+    relative = Path(written).expanduser()
+    if relative.is_absolute():
+        return relative.resolve()
+    lexical = Path(os.path.normpath(base / relative))
+    if not lexical.is_relative_to(base):
+        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder {base} via '..'",
+                          "write it inside the recipe's folder, or pass --out")
+    resolved = lexical.resolve()
+    if not resolved.is_relative_to(base.resolve()):
+        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder via a symlink "
+                          f"(it resolves to {resolved})", "pass --out to write there on purpose")
+    return resolved
+
+
+def _output_dir(recipe: Recipe, recipe_path: Path, options: Options) -> Path | None:
     if options.out is not None:
         out = Path(options.out).expanduser().resolve()
     elif recipe.export.out is not None:
-        out = (base / recipe.export.out).expanduser().resolve()
+        out = _recipe_output(recipe_path, recipe.export.out)
     else:
         return None
     if out.exists() and not out.is_dir():
@@ -112,7 +137,7 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
         except PtcError as exc:
             raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
     return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
-                _output_dir(recipe, base, options))
+                _output_dir(recipe, recipe_path, options))
 
 
 # -- execute ------------------------------------------------------------------------------------

@@ -68,23 +68,18 @@ def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool =
 
 
 def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
-    key = model_key(model)
-    cached = bank.embeddings(key, task.grid_hash)
-    if cached is None:
+    def compute():
         check_grid_unchanged(task)
         inputs = embed_probe_files(model, list(task.probes), batch_size, f"embed {task.name}", progress)
         with timed("forward"):
             prompts = model.embed_prompts(task.prompts)
-        cached = bank.put_embeddings(key, task.grid_hash, {"inputs": inputs, "prompts": prompts},
-                                     {"kind": "embeddings", "model_ref": model.ref, "task": task.name,
-                                      "grid_hash": task.grid_hash,
-                                      "input_fingerprint": model.input_fingerprint(),
-                                      "text_fingerprint": model.text_fingerprint()})
-        computed = True
-    else:
-        computed = False
-    inputs, prompts = cached.tensors["inputs"], cached.tensors["prompts"]
+        return ({"inputs": inputs, "prompts": prompts},
+                {"kind": "embeddings", "model_ref": model.ref, "task": task.name, "grid_hash": task.grid_hash,
+                 "input_fingerprint": model.input_fingerprint(), "text_fingerprint": model.text_fingerprint()})
+
+    entry, computed = bank.get_or_compute(bank.embeddings_rel(model_key(model), task.grid_hash), compute)
+    inputs, prompts = entry.tensors["inputs"], entry.tensors["prompts"]
     if inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts):
-        raise BankError(f"cached embeddings {cached.path} do not match task {task.name!r}'s grid",
+        raise BankError(f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
                         "delete the entry and rebuild")
     return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed)

@@ -25,7 +25,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -43,15 +43,66 @@ def write_json_atomic(path: Path, obj) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_dead(candidate: Path, name: str) -> bool:
+    pid = candidate.name[len(name) + 2:].split(".", 1)[0]
+    return pid.isdigit() and not _pid_alive(int(pid))
+
+
+def remove_stale_staging(folder: Path, name: str) -> list[Path]:
+    """Staging folders of `name` left by processes that died (SIGKILL, power loss)."""
+    stale = [c for c in folder.glob(f".{name}.*.partial") if _owner_dead(c, name)]
+    for candidate in stale:
+        shutil.rmtree(candidate, ignore_errors=True)
+    return stale
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Half-written `.NAME.PID.RANDOM.tmp` files under `root` whose writer died."""
+    stale = []
+    for candidate in root.rglob(".*.tmp"):
+        parts = candidate.name[1:-len(".tmp")].split(".")  # NAME may hold dots; PID is second to last
+        if len(parts) >= 3 and parts[-2].isdigit() and not _pid_alive(int(parts[-2])):
+            candidate.unlink(missing_ok=True)
+            stale.append(candidate)
+    return stale
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on `path`, released on exit or process death."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def staged_directory(final: Path, replace: bool) -> Iterator[Path]:
     """Yield an empty temporary sibling of `final`; on success rename it to `final`.
 
     On any exception the staging folder is removed and `final` is untouched. With `replace`,
-    an existing `final` is swapped out only after the new one is complete.
+    an existing `final` is swapped out only after the new one is complete. A process killed
+    outright leaves its staging folder (named with its pid) behind; the next staging of the
+    same output removes it.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
+    remove_stale_staging(final.parent, final.name)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
     try:
         yield staging
         if final.is_dir() and not any(final.iterdir()):

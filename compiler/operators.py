@@ -15,28 +15,29 @@ from .solve import GridFactors, factorize, solve_operator
 
 def ensure_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: GridEmbeddings,
                    counts: Counter) -> GridFactors:
-    entry = bank.factors(target_key, task.grid_hash)
-    if entry is None:
+    def compute():
         with timed("solve"):
             factors = factorize(emb.inputs, emb.class_rows)
-        entry = bank.put_factors(target_key, task.grid_hash, factors.as_tensors(),
-                                 {"kind": "factors", "target_ref": target.ref, "task": task.name,
-                                  "grid_hash": task.grid_hash})
-        counts["factors_computed"] += 1
+        return factors.as_tensors(), {"kind": "factors", "target_ref": target.ref, "task": task.name,
+                                      "grid_hash": task.grid_hash}
+
+    entry, computed = bank.get_or_compute(bank.factors_rel(target_key, task.grid_hash), compute)
+    counts["factors_computed"] += computed
     return GridFactors.from_tensors(entry.tensors)
 
 
 def ensure_operator(bank: Bank, target_key: str, target, task: TaskRecord, descriptor: Entry,
                     factors: GridFactors, ridge: float, counts: Counter) -> Entry:
-    entry = bank.operator(target_key, task.grid_hash, descriptor.sha256, ridge)
-    if entry is None:
+    def compute():
         with timed("solve"):
             operator = solve_operator(factors, descriptor.tensors["utd"], ridge).float()
-        entry = bank.put_operator(target_key, task.grid_hash, descriptor.sha256, ridge, operator,
-                                  {"kind": "operator", "target_ref": target.ref, "task": task.name,
-                                   "source": descriptor.meta.get("id"), "descriptor_sha256": descriptor.sha256,
-                                   "grid_hash": task.grid_hash, "ridge": ridge})
-        counts["operators_solved"] += 1
+        return {"operator": operator}, {"kind": "operator", "target_ref": target.ref, "task": task.name,
+                                        "source": descriptor.meta.get("id"), "grid_hash": task.grid_hash,
+                                        "descriptor_sha256": descriptor.sha256, "ridge": ridge}
+
+    relpath = bank.operator_rel(target_key, task.grid_hash, descriptor.sha256, ridge)
+    entry, computed = bank.get_or_compute(relpath, compute)
+    counts["operators_solved"] += computed
     if entry.tensors["operator"].shape != (target.embed_dim, target.embed_dim):
         raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
                         f"embeds in {target.embed_dim} dimensions", "delete the entry and rebuild")

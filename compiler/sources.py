@@ -50,5 +50,6 @@ def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: s
             "source_input_fingerprint": source.input_fingerprint(),
             "finetuned_input_fingerprint": finetuned.input_fingerprint(),
             "text_fingerprint": source.text_fingerprint(),
+            "finetuned_text_fingerprint": finetuned.text_fingerprint(),
             "norm": float(utd.norm()), "shape": list(utd.shape)}
     return bank.put_descriptor(task.name, descriptor_id, utd, meta)

@@ -30,7 +30,7 @@ def _edit_operator(world, report):
     key = model_key(targets.load(f"hf:{world.target}"))
     total = torch.zeros(24, 24, dtype=torch.float64)
     for term in report["terms"]:
-        entry = bank.operator(key, term["grid_hash"], term["descriptor_sha256"], 1.0)
+        entry = bank.read_entry(bank.operator_rel(key, term["grid_hash"], term["descriptor_sha256"], 1.0))
         assert entry.sha256 == term["operator_sha256"]
         total += term["weight"] * entry.tensors["operator"].double()
     return total

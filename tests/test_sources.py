@@ -90,4 +90,4 @@ def test_demo_runs_end_to_end_and_the_example_recipe_builds_on_it(tmp_path):
     assert run_ptc("check", recipe).returncode == 0
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "dist" / "demo-edit" / "report.json").is_file()
+    assert (tmp_path / "recipes" / "dist" / "demo-edit" / "report.json").is_file()
