@@ -1,0 +1,139 @@
+"""The bad-input corpus (tests/bad_inputs/cases.yaml) through the real CLI, in-process: one
+line on stderr with the expected fragment, the expected exit code, and nothing written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from string import Template
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from compiler.bank import Bank
+from compiler.cli import main
+
+CASES = yaml.safe_load((Path(__file__).parent / "bad_inputs" / "cases.yaml").read_text())
+
+
+def _png(path: Path, value: int) -> None:
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), (value, 40, 90)).save(path)
+
+
+def _copy_descriptor(ctx, new_id: str, **changes) -> None:
+    bank = Bank(ctx["copy"])
+    source = bank.descriptor("colour", "src")
+    utd = changes.pop("utd", source.tensors["utd"])
+    bank.put_descriptor("colour", new_id, utd, {**source.meta, "id": new_id, **changes})
+
+
+def _operator_wrong_shape(ctx) -> None:
+    import targets
+    from collections import Counter
+    from compiler.embed import embed_grid, model_key
+    from compiler.operators import ensure_factors
+
+    bank, target = Bank(ctx["copy"]), targets.load(f"hf:{ctx['target']}")
+    task, key = bank.task("colour"), model_key(target)
+    ensure_factors(bank, key, target, task, embed_grid(target, task, bank, progress=False), Counter())
+    descriptor = bank.descriptor("colour", "src")
+    bank.write_entry(bank.operator_rel(key, task.grid_hash, descriptor.sha256, 1.0),
+                     {"operator": torch.zeros(3, 3)}, {"kind": "operator"})
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+SETUPS = {
+    "copy": lambda ctx: shutil.copytree(ctx["bank"], ctx["copy"]),
+    "tamper": lambda ctx: _flip_byte(Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"),
+    "truncate": lambda ctx: (Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors").write_bytes(b"\x10\x00"),
+    "task-record-corrupt": lambda ctx: (Path(ctx["copy"]) / "tasks" / "colour.json").write_text("{not json"),
+    "descriptor-other-grid": lambda ctx: _copy_descriptor(ctx, "stale", grid_hash="0" * 64),
+    "descriptor-wrong-shape": lambda ctx: _copy_descriptor(
+        ctx, "short", utd=Bank(ctx["copy"]).descriptor("colour", "src").tensors["utd"][:-1]),
+    "descriptor-text-changed": lambda ctx: _copy_descriptor(ctx, "textft", finetuned_text_fingerprint="f" * 64),
+    "descriptor-nan": lambda ctx: _copy_descriptor(ctx, "nan", utd=torch.full((16, 4), float("nan"))),
+    "operator-wrong-shape": _operator_wrong_shape,
+    "pickle-model": lambda ctx: _pickle_model(Path(ctx["tmp"]) / "pickled", ctx),
+    "no-config-model": lambda ctx: _weights_only(Path(ctx["tmp"]) / "noconfig", config=None),
+    "bert-model": lambda ctx: _weights_only(Path(ctx["tmp"]) / "bert", config='{"model_type": "bert"}'),
+    "probes": lambda ctx: ([_png(Path(ctx["tmp"]) / "probes" / f"{i}.png", 30 * i) for i in range(3)],
+                           (Path(ctx["tmp"]) / "empty").mkdir()),
+    "bad-image": lambda ctx: (Path(ctx["tmp"]) / "probes" / "broken.png").write_bytes(b"not a png at all"),
+    "registered": lambda ctx: _register(ctx),
+    "change-probe": lambda ctx: _png(Path(ctx["tmp"]) / "probes" / "0.png", 255),
+    "symlink-out": lambda ctx: (Path(ctx["tmp"]) / "link").symlink_to(ctx["outside"], target_is_directory=True),
+    "nonempty-out": lambda ctx: (Path(ctx["tmp"]) / "out").mkdir() or (Path(ctx["tmp"]) / "out" / "keep").write_text("x"),
+    "out-file": lambda ctx: (Path(ctx["tmp"]) / "out").write_text("a file"),
+    "eval-data": lambda ctx: (_png(Path(ctx["tmp"]) / "data" / "red" / "a.png", 1),
+                              _png(Path(ctx["tmp"]) / "data" / "purple" / "b.png", 2)),
+    "onnx-only-build": lambda ctx: ((Path(ctx["tmp"]) / "fake-build").mkdir(),
+                                    (Path(ctx["tmp"]) / "fake-build" / "report.json").write_text('{"native_ref": null}')),
+}
+
+
+def _pickle_model(folder: Path, ctx) -> None:
+    folder.mkdir()
+    shutil.copy(Path(ctx["target"]) / "config.json", folder / "config.json")
+    torch.save({"weight": torch.zeros(2)}, folder / "pytorch_model.bin")
+
+
+def _weights_only(folder: Path, config: str | None) -> None:
+    from safetensors.torch import save_file
+    folder.mkdir()
+    save_file({"weight": torch.zeros(2)}, folder / "model.safetensors")
+    if config:
+        (folder / "config.json").write_text(config)
+
+
+def _register(ctx) -> None:
+    from compiler.grid import load_task
+    task_file = Path(ctx["tmp"]) / "task.yaml"
+    task_file.write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n")
+    Bank(Path(ctx["tmp"]) / "bank").add_task(load_task(task_file))
+
+
+def _snapshot(*roots: Path) -> dict:
+    """Every file under the roots with size and mtime; lock files are coordination, not output."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for root in roots if root.exists() for p in root.rglob("*")
+            if p.is_file() and ".locks" not in p.parts}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_bad_input(case, world, tmp_path, tmp_path_factory):
+    ctx = {"target": str(world.target), "source": str(world.source), "adapter": str(world.adapters["colour"]),
+           "bank": str(world.bank), "copy": str(tmp_path / "copy"), "tmp": str(tmp_path),
+           "outside": str(tmp_path_factory.mktemp("outside"))}
+    fill = lambda text: Template(text).substitute(ctx)  # noqa: E731
+    for name in case.get("setup", []):
+        SETUPS[name](ctx)
+    if "recipe" in case:
+        (tmp_path / "recipe.yaml").write_text(fill(case["recipe"]))
+        command = case.get("command", ["check", "$tmp/recipe.yaml"])
+    elif "task" in case:
+        (tmp_path / "task.yaml").write_text(fill(case["task"]))
+        command = case.get("command", ["task", "add", "$tmp/task.yaml", "--bank", "$tmp/bank"])
+    else:
+        command = case["command"]
+    before = _snapshot(tmp_path, world.bank)
+    result = CliRunner().invoke(main, [fill(str(arg)) for arg in command])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == case.get("code", 2), (result.exit_code, result.stderr, result.stdout)
+    assert len(lines) == 1 and lines[0].startswith("ptc: error: "), result.stderr
+    assert fill(case["expect"]) in lines[0], lines[0]
+    assert _snapshot(tmp_path, world.bank) == before, "a failed command wrote files"
+
+
+def test_corpus_size_and_unique_ids():
+    ids = [c["id"] for c in CASES]
+    assert len(ids) >= 60 and len(set(ids)) == len(ids)
+    assert all(s in SETUPS for c in CASES for s in c.get("setup", []))
