@@ -1,0 +1,156 @@
+"""No code execution on load; crash safety under SIGKILL; concurrent builds on one bank."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler.bank import Bank
+from compiler.fsio import remove_stale_staging
+from conftest import REPO, write_recipe
+
+# -- forbidden calls ------------------------------------------------------------------------------
+SAFE_YAML_LOADERS = {"_StrictLoader", "SafeLoader", "yaml.SafeLoader", "CSafeLoader"}
+
+
+def _name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_name(node.value)}.{node.attr}"
+    return ""
+
+
+def forbidden_calls(source: str) -> list[str]:
+    """Calls that can run code from a loaded file, found by walking the syntax tree."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [f"import {m}" for m in modules if m.split(".")[0] in {"pickle", "cPickle", "dill", "marshal", "shelve"}]
+        if not isinstance(node, ast.Call):
+            continue
+        name, keywords = _name(node.func), {k.arg: k.value for k in node.keywords}
+        if name in {"eval", "exec", "compile", "__import__"}:
+            found.append(name)
+        if name in {"torch.load", "th.load"} and not (isinstance(keywords.get("weights_only"), ast.Constant)
+                                                and keywords["weights_only"].value is True):
+            found.append("torch.load without weights_only=True")
+        if name in {"yaml.load", "yaml.load_all"} and _name(keywords.get("Loader", ast.Name("?"))) not in SAFE_YAML_LOADERS:
+            found.append("yaml.load with an unsafe Loader")
+        if name in {"yaml.unsafe_load", "yaml.full_load", "yaml.unsafe_load_all", "yaml.full_load_all"}:
+            found.append(name)
+        if name in {"numpy.load", "np.load"} and isinstance(keywords.get("allow_pickle"), ast.Constant) \
+                and keywords["allow_pickle"].value:
+            found.append("np.load(allow_pickle=True)")
+        trust = keywords.get("trust_remote_code")
+        if trust is not None and not (isinstance(trust, ast.Constant) and trust.value is False):
+            found.append("trust_remote_code not False")
+    return found
+
+
+def test_scanner_catches_planted_calls():
+    planted = ("import pickle\nimport torch, yaml\ntorch.load('x')\nyaml.load(s, Loader=yaml.Loader)\n"
+               "eval('1')\nAutoModel.from_pretrained(p, trust_remote_code=True)\nyaml.full_load(s)\n")
+    assert len(forbidden_calls(planted)) == 6
+    assert forbidden_calls("torch.load('x', weights_only=True)\nmodel.eval()\nyaml.load(t, Loader=_StrictLoader)\n") == []
+
+
+def test_no_code_execution_on_load_anywhere():
+    files = [p for folder in ("compiler", "targets", "benchmarks") for p in (REPO / folder).rglob("*.py")]
+    assert len(files) > 20
+    problems = {str(p.relative_to(REPO)): calls for p in files if (calls := forbidden_calls(p.read_text()))}
+    assert problems == {}
+    from compiler import yamlio
+    import yaml
+    assert issubclass(yamlio._StrictLoader, yaml.SafeLoader)
+
+
+# -- crash safety ---------------------------------------------------------------------------------
+def _complete(out: Path) -> bool:
+    lock = json.loads((out / "ptc.lock").read_text())
+    return all(hashlib.sha256((out / n).read_bytes()).hexdigest() == sha for n, sha in lock["outputs"].items()) \
+        and (out / "report.json").is_file()
+
+
+def _ptc(*args) -> list[str]:
+    return [sys.executable, "-m", "compiler.cli", *map(str, args)]
+
+
+def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp_path):
+    trials = int(os.environ.get("PTC_KILL_TRIALS", "24"))
+    rng = random.Random(20261202)
+    commands = {
+        "descriptor": lambda bank, out: _ptc("descriptor", "add", "--task", "shape", "--source", f"hf:{world.source}",
+                                              "--finetuned", world.adapters["shape"],
+                                              "--id", "killed", "--bank", bank),
+        "build": lambda bank, out: _ptc("build", write_recipe(tmp_path / f"{out.name}.yaml", world, bank=str(bank),
+                                                              export={"out": str(out), "formats": ["safetensors"]})),
+    }
+    durations = {}
+    for kind, make in commands.items():  # how long each takes undisturbed, on a fresh bank
+        bank = tmp_path / f"timing-{kind}"
+        shutil.copytree(world.bank, bank)
+        start = time.perf_counter()
+        subprocess.run(make(bank, tmp_path / f"timing-{kind}-out"), check=True, capture_output=True)
+        durations[kind] = time.perf_counter() - start
+    outcomes = {"finished": 0, "killed": 0}
+    for trial in range(trials):
+        kind = ("descriptor", "build")[trial % 2]
+        bank, out = tmp_path / f"bank{trial}", tmp_path / f"out{trial}"
+        shutil.copytree(world.bank, bank)
+        for cache in ("embeddings", "factors", "operators"):  # make the command write as much as it can
+            shutil.rmtree(bank / cache, ignore_errors=True)
+        process = subprocess.Popen(commands[kind](bank, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 1.0) * durations[kind])
+        process.send_signal(signal.SIGKILL)
+        outcomes["killed" if process.wait() == -signal.SIGKILL else "finished"] += 1
+        checked, problems = Bank(bank).verify_all()
+        assert problems == [], (trial, kind, problems)
+        if kind == "descriptor" and "killed" in Bank(bank).descriptor_ids("shape"):
+            assert Bank(bank).descriptor("shape", "killed").tensors["utd"].shape == (16, 3)
+        if kind == "build":
+            assert not out.exists() or _complete(out), trial
+            remove_stale_staging(tmp_path, out.name)  # what the next build of this output does first
+            assert not list(tmp_path.glob(f".{out.name}.*")), trial
+        shutil.rmtree(bank)
+    assert outcomes["killed"] >= trials // 2, outcomes  # most trials really were interrupted
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("same_recipe", [True, False], ids=["same-recipe", "different-recipes"])
+def test_two_builds_at_once_on_one_bank(world, tmp_path, same_recipe):
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    for cache in ("embeddings", "factors", "operators"):
+        shutil.rmtree(bank / cache, ignore_errors=True)
+    terms_b = None if same_recipe else [{"task": "colour", "source": "full", "weight": -0.5},
+                                        {"task": "shape", "source": "src", "weight": 0.5}]
+    recipes = [write_recipe(tmp_path / "a.yaml", world, bank=str(bank), export={"out": str(tmp_path / "out-a")}),
+               write_recipe(tmp_path / "b.yaml", world, terms=terms_b, bank=str(bank),
+                            export={"out": str(tmp_path / "out-b")})]
+    processes = [subprocess.Popen(_ptc("build", r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in recipes]
+    for process in processes:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0, stderr
+    reports = [json.loads((tmp_path / o / "report.json").read_text()) for o in ("out-a", "out-b")]
+    assert all(_complete(tmp_path / o) for o in ("out-a", "out-b"))
+    assert Bank(bank).verify_all()[1] == []
+    solved = sum(r["cache"]["operators_solved"] for r in reports)
+    distinct_operators = {t["operator_sha256"] for r in reports for t in r["terms"]}
+    assert solved == len(distinct_operators)  # every shared operator was computed exactly once
+    assert sum(r["cache"]["factors_computed"] for r in reports) == 2  # one per grid
+    if same_recipe:
+        assert [t["operator_sha256"] for t in reports[0]["terms"]] == [t["operator_sha256"] for t in reports[1]["terms"]]
