@@ -69,6 +69,16 @@ class TaskRecord:
         return self.spec.prompts
 
 
+def _sealed(record: dict) -> dict:
+    """The record with `record_sha256` over its canonical JSON: any changed byte shows."""
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    return {**body, "record_sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
+def _seal_intact(record: dict) -> bool:
+    return isinstance(record, dict) and _sealed(record).get("record_sha256") == record.get("record_sha256")
+
+
 def _read_header(data: bytes) -> dict:
     (length,) = struct.unpack("<Q", data[:8])
     if length > len(data) - 8:
@@ -90,7 +100,7 @@ class Bank:
         self._ensure()
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         sha = tensors_sha256(tensors)
-        record = {**meta, "tensors_sha256": sha, "ptc_version": __version__}
+        record = _sealed({**meta, "tensors_sha256": sha, "ptc_version": __version__})
         data = safetensors.torch.save(tensors, metadata={"format": "pt", "ptc": json.dumps(record, sort_keys=True)})
         path = self.root / relpath
         with timed("bank_write"):
@@ -111,7 +121,7 @@ class Bank:
             raise BankError(f"bank entry {path} is corrupt: {exc}",
                             f"delete it and recompute, or run `ptc bank verify --bank {self.root}`") from None
         sha = tensors_sha256(tensors)
-        if sha != record.get("tensors_sha256"):
+        if sha != record.get("tensors_sha256") or not _seal_intact(record):
             raise BankError(f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
                             f"!= recorded {str(record.get('tensors_sha256'))[:12]})",
                             "the file was modified or damaged; delete it and recompute")
@@ -161,7 +171,7 @@ class Bank:
         record = {"name": spec.name, "grid_hash": grid, "probes": [str(p) for p in spec.probes],
                   "classes": list(spec.classes), "templates": list(spec.templates),
                   "source_file": str(spec.source_file) if spec.source_file else None}
-        write_json_atomic(existing, record)
+        write_json_atomic(existing, _sealed(record))
         return self.task(spec.name), True
 
     def task(self, name: str) -> TaskRecord:
@@ -171,8 +181,11 @@ class Bank:
         except FileNotFoundError:
             raise BankError(f"task {name!r} is not registered in the bank {self.root}",
                             _suggest(name, self.task_names(), "register it with `ptc task add TASK.yaml`")) from None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BankError(f"bank task record {path} is corrupt: {exc}", "re-register it with `ptc task add`") from None
+        if not _seal_intact(record):
+            raise BankError(f"bank task record {path} failed its integrity check",
+                            "the file was modified or damaged; re-register it with `ptc task add --replace`")
         return TaskRecord(record["name"], record["grid_hash"], tuple(Path(p) for p in record["probes"]),
                           tuple(record["classes"]), tuple(record["templates"]), record.get("source_file"))
 
@@ -214,6 +227,18 @@ class Bank:
         writers that died are removed first: they were never part of the bank."""
         remove_stale_temporaries(self.root)
         problems, count = [], 0
+        try:
+            marker = json.loads((self.root / "bank.json").read_text())
+            if marker.get("format") != "ptc-bank":
+                problems.append(f"{self.root / 'bank.json'}: not a ptc bank marker")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+            problems.append(f"{self.root / 'bank.json'} is corrupt: {exc}")
+        for name in self.task_names():
+            count += 1
+            try:
+                self.task(name)
+            except BankError as exc:
+                problems.append(exc.message)
         for path in sorted(self.root.rglob("*.safetensors")):
             if path.name.startswith("."):
                 continue

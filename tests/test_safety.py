@@ -154,3 +154,20 @@ def test_two_builds_at_once_on_one_bank(world, tmp_path, same_recipe):
     assert sum(r["cache"]["factors_computed"] for r in reports) == 2  # one per grid
     if same_recipe:
         assert [t["operator_sha256"] for t in reports[0]["terms"]] == [t["operator_sha256"] for t in reports[1]["terms"]]
+
+
+def test_bank_verify_detects_a_flipped_bit_in_any_file(world, tmp_path):
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    files = [p for p in sorted(bank.rglob("*")) if p.is_file() and ".locks" not in p.parts]
+    assert {p.suffix for p in files} == {".json", ".safetensors"}
+    rng = random.Random(7)
+    for path in files:
+        original = path.read_bytes()
+        for position in {0, 7, len(original) // 2, len(original) - 1, rng.randrange(len(original))}:
+            damaged = bytearray(original)
+            damaged[position] ^= 0x01
+            path.write_bytes(bytes(damaged))
+            assert Bank(bank).verify_all()[1], (str(path.relative_to(bank)), position)
+        path.write_bytes(original)
+    assert Bank(bank).verify_all()[1] == []
