@@ -30,6 +30,15 @@ class World:
     bank: Path
 
 
+def clip_pixels(paths, folder):
+    """pixel_values for image files, by transformers' own CLIP processor saved in `folder`."""
+    from PIL import Image
+    from transformers import CLIPImageProcessor
+
+    processor = CLIPImageProcessor.from_pretrained(folder)
+    return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
+
+
 def run_ptc(*args, cwd=None, env=None):
     """Run the real CLI in a subprocess; returns CompletedProcess with text output."""
     return subprocess.run([sys.executable, "-m", "compiler.cli", *map(str, args)], cwd=cwd or REPO,

@@ -9,19 +9,13 @@ import onnxruntime as ort
 import pytest
 import safetensors.torch
 import torch
-from transformers import CLIPImageProcessor, CLIPModel
+from transformers import CLIPModel
 
 from compiler.bank import Bank
 from compiler.embed import model_key
-from conftest import run_ptc, write_recipe
+from conftest import clip_pixels, run_ptc, write_recipe
 
 import targets
-
-
-def _pixels(paths, folder):
-    from PIL import Image
-    processor = CLIPImageProcessor.from_pretrained(folder)
-    return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
 
 
 def _edit_operator(world, report):
@@ -73,7 +67,7 @@ def test_saved_model_is_the_base_with_the_folded_edit(world, built):
     base = CLIPModel.from_pretrained(world.target).eval()
     edited = CLIPModel.from_pretrained(out / "model").eval()
     probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:9]
-    pixels = _pixels(probes, world.target)
+    pixels = clip_pixels(probes, world.target)
     with torch.no_grad():
         z = base.get_image_features(pixel_values=pixels).pooler_output.double()
         got = edited.get_image_features(pixel_values=pixels).pooler_output.double()
@@ -94,7 +88,7 @@ def test_onnx_towers_match_torch_at_any_batch(world, built):
     assert [o.name for o in vision.get_outputs()] == ["image_embeds"]
     probes = sorted((world.tasks["shape"].parent / "test").rglob("*.png"))
     for count in (1, 3, 7):
-        pixels = _pixels(probes[:count], world.target)
+        pixels = clip_pixels(probes[:count], world.target)
         (got,) = vision.run(None, {"pixel_values": pixels.numpy()})
         with torch.no_grad():
             want = edited.get_image_features(pixel_values=pixels).pooler_output.numpy()
@@ -143,7 +137,7 @@ def test_eval_reads_a_build_output_and_a_reference(world, built):
         text = torch.nn.functional.normalize(text, dim=-1).reshape(len(task.classes), len(task.templates), -1).mean(1)
         text = torch.nn.functional.normalize(text, dim=-1)
         files = [(f, task.classes.index(f.parent.name)) for f in sorted(test_dir.rglob("*.png"))]
-        pixels = _pixels([f for f, _ in files], out / "model")
+        pixels = clip_pixels([f for f, _ in files], out / "model")
         image = torch.nn.functional.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)
     predicted = (image @ text.T).argmax(1)
     accuracy = float((predicted == torch.tensor([c for _, c in files])).float().mean())

@@ -11,8 +11,7 @@ from transformers import AutoTokenizer, CLIPModel
 import targets
 from compiler.bank import Bank
 from compiler.evaluate import resolve_model
-from conftest import REPO, run_ptc
-from test_build import _pixels
+from conftest import REPO, clip_pixels, run_ptc
 
 
 def _independent_descriptor(world, task_name):
@@ -20,7 +19,7 @@ def _independent_descriptor(world, task_name):
     base = CLIPModel.from_pretrained(world.source).eval()
     tuned = PeftModel.from_pretrained(CLIPModel.from_pretrained(world.source), world.adapters[task_name]).eval()
     tokenizer = AutoTokenizer.from_pretrained(world.source)
-    pixels = _pixels(list(task.probes), world.source)
+    pixels = clip_pixels(list(task.probes), world.source)
     with torch.no_grad():
         text = base.get_text_features(**tokenizer(task.prompts, padding=True, return_tensors="pt")).pooler_output
         text = torch.nn.functional.normalize(text.double(), dim=-1).reshape(len(task.classes), -1, text.shape[-1])
