@@ -34,7 +34,7 @@ from .grid import TaskSpec, check_name
 from .hashing import tensors_sha256
 from .timers import timed
 
-BANK_FORMAT = 1
+BANK_FORMAT = 2  # 2: every record sealed with record_sha256
 
 
 def default_bank_dir() -> Path:
@@ -89,9 +89,26 @@ def _read_header(data: bytes) -> dict:
 class Bank:
     def __init__(self, root: Path):
         self.root = Path(root).expanduser().resolve()
+        self._format_checked = False
+
+    def _check_format(self) -> None:
+        """A bank written by another format version is refused before any entry is trusted."""
+        if self._format_checked:
+            return
+        marker = self.root / "bank.json"
+        if marker.exists():
+            try:
+                version = json.loads(marker.read_text()).get("version")
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                raise BankError(f"bank marker {marker} is corrupt", "run `ptc bank verify`") from None
+            if version != BANK_FORMAT:
+                raise BankError(f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
+                                "rebuild the bank with this version (ptc task add, descriptor add)")
+        self._format_checked = True
 
     # -- generic tensor entries -------------------------------------------------------------
     def _ensure(self) -> None:
+        self._check_format()
         marker = self.root / "bank.json"
         if not marker.exists():
             write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT})
@@ -108,6 +125,7 @@ class Bank:
         return Entry(path, tensors, record, sha)
 
     def read_entry(self, relpath: str) -> Entry | None:
+        self._check_format()
         path = self.root / relpath
         try:
             with timed("bank_read"):
@@ -175,6 +193,7 @@ class Bank:
         return self.task(spec.name), True
 
     def task(self, name: str) -> TaskRecord:
+        self._check_format()
         path = self._task_path(name)
         try:
             record = json.loads(path.read_text())

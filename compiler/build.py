@@ -29,7 +29,8 @@ from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
 from .embed import GridEmbeddings, check_grid_unchanged, embed_grid, embed_probe_files, model_key
 from .errors import BankError, OutputError, PtcError
-from .export import export_onnx, lock_record, model_card, output_hashes, run_onnx
+from .export import (export_onnx, fp16_variant, lock_record, min_row_cosine, model_card, output_hashes, run_onnx,
+                     stamp_onnx, stamp_safetensors, write_triton_model)
 from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
 from .hashing import tensors_sha256
 from .lora import default_device
@@ -37,7 +38,8 @@ from .operators import ensure_factors, ensure_operator
 from .options import Options
 from .recipe import Recipe, Term, load_recipe
 from .solve import GridFactors
-from .verify import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
+from .verify import (descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require,
+                     require_at_least)
 
 
 @dataclass(frozen=True)
@@ -275,37 +277,66 @@ def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: _Edit) -> di
             for name, emb in grids.items()}
 
 
+def _export_native(plan_: Plan, edited, check_batch, check_paths, staging: Path, provenance: dict,
+                   run: _Run) -> dict:
+    with run.stage("export_native"):
+        scheme = edited.save_native(staging / "model")
+        stamp_safetensors(staging / "model", provenance)
+    with run.stage("verify_reload"):
+        reloaded = targets.load(f"{scheme}:{staging / 'model'}")
+        prompts = plan_.terms[0].task.prompts
+        diff = max(max_abs_difference(reloaded.embed_inputs(reloaded.load_inputs(check_paths)),
+                                      edited.embed_inputs(check_batch)),
+                   max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)))
+    return {"reload_max_abs_diff": require("reload_max_abs_diff", diff, plan_.recipe.verify.equivalence_atol),
+            "native_ref": f"{scheme}:model"}
+
+
+def _export_onnx_towers(plan_: Plan, edited, check_batch, staging: Path, provenance: dict, run: _Run) -> dict:
+    export, verify = plan_.recipe.export, plan_.recipe.verify
+    diffs, cosines, triton_models, files, provider = [], [], [], [], None
+    for index, tower in enumerate(edited.onnx_towers()):
+        path = staging / "onnx" / f"{tower.name}.onnx"
+        with run.stage("export_onnx"):
+            export_onnx(tower, path)
+            stamp_onnx(path, {**provenance, "ptc_precision": "fp32"})
+        # The input tower (first) is checked on real probes, the others on their examples.
+        inputs = {next(iter(tower.example_inputs)): check_batch} if index == 0 else tower.example_inputs
+        with run.stage("verify_onnx"):
+            got, provider = run_onnx(path, inputs)
+            with torch.inference_mode():
+                diffs.append(max_abs_difference(got, tower.module(**inputs)))
+        variants = [(tower.name, path)]
+        files.append(f"onnx/{path.name}")
+        if "fp16" in export.precision:
+            half = path.with_name(f"{tower.name}_fp16.onnx")
+            with run.stage("export_fp16"):
+                fp16_variant(path, half, provenance)
+            with run.stage("verify_fp16"):
+                cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
+            variants.append((f"{tower.name}_fp16", half))
+            files.append(f"onnx/{half.name}")
+        if "triton" in export.formats:
+            with run.stage("export_triton"):
+                for name, onnx_path in variants:
+                    write_triton_model(staging / "triton", name, onnx_path, export.triton.max_batch_size)
+                    triton_models.append(name)
+    figures = {"onnx_max_abs_diff": require("onnx_max_abs_diff", max(diffs), verify.equivalence_atol),
+               "onnx_provider": provider["ran"], "onnx_provider_requested": provider["requested"],
+               "onnx_provider_fell_back": provider["fell_back"], "fp16_min_cosine": None,
+               "triton_models": triton_models, "onnx_files": files}
+    if cosines:
+        figures["fp16_min_cosine"] = require_at_least("fp16_min_cosine", min(cosines), verify.fp16_min_cosine)
+    return figures
+
+
 def _export_and_verify(plan_: Plan, edited, check_batch: torch.Tensor, check_paths: list[Path],
-                       staging: Path, run: _Run) -> dict:
-    figures: dict = {"onnx_max_abs_diff": None, "onnx_provider": None, "reload_max_abs_diff": None,
-                     "native_ref": None}
-    tol = plan_.recipe.verify.equivalence_atol
+                       staging: Path, provenance: dict, run: _Run) -> dict:
+    figures = dict(NOT_EXPORTED)
     if "safetensors" in plan_.recipe.export.formats:
-        with run.stage("export_native"):
-            scheme = edited.save_native(staging / "model")
-        with run.stage("verify_reload"):
-            reloaded = targets.load(f"{scheme}:{staging / 'model'}")
-            prompts = plan_.terms[0].task.prompts
-            diff = max(max_abs_difference(reloaded.embed_inputs(reloaded.load_inputs(check_paths)),
-                                          edited.embed_inputs(check_batch)),
-                       max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)))
-            figures["reload_max_abs_diff"] = require("reload_max_abs_diff", diff, tol)
-            figures["native_ref"] = f"{scheme}:model"
+        figures.update(_export_native(plan_, edited, check_batch, check_paths, staging, provenance, run))
     if "onnx" in plan_.recipe.export.formats:
-        diffs = []
-        for index, tower in enumerate(edited.onnx_towers()):
-            path = staging / "onnx" / f"{tower.name}.onnx"
-            with run.stage("export_onnx"):
-                export_onnx(tower, path)
-            with run.stage("verify_onnx"):
-                # The input tower (first) is checked on real probes, the others on their examples.
-                inputs = {next(iter(tower.example_inputs)): check_batch} if index == 0 else tower.example_inputs
-                got, provider = run_onnx(path, inputs)
-                with torch.inference_mode():
-                    want = tower.module(**inputs)
-                diffs.append(max_abs_difference(got, want))
-        figures["onnx_max_abs_diff"] = require("onnx_max_abs_diff", max(diffs), tol)
-        figures["onnx_provider"] = provider
+        figures.update(_export_onnx_towers(plan_, edited, check_batch, staging, provenance, run))
     return figures
 
 
@@ -346,27 +377,30 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
     target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
                      "text_fingerprint": target.text_fingerprint()}
     lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
-                       hashlib.sha256(plan_.recipe_bytes).hexdigest())
+                       hashlib.sha256(plan_.recipe_bytes).hexdigest(), recipe.export.model_dump(exclude={"out"}))
     context = (plan_, target, edit, residuals, terms, target_record, lock, check_paths, run)
     if not options.export:  # verified up to the exports; nothing is written
         return _report(*context, NOT_EXPORTED)
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
-            exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, run)
+            provenance = {"ptc_version": __version__, "ptc_recipe_sha256": lock["recipe_sha256"],
+                          "ptc_lock_hash": lock["lock_hash"], "ptc_base_model": recipe.target,
+                          "ptc_route": recipe.route}
+            exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, provenance, run)
             report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
             write_json_atomic(staging / "report.json", report)
-            (staging / "README.md").write_text(model_card(recipe.target, target.library, edit.card, terms,
-                                                          report["verify"], lock["lock_hash"],
-                                                          recipe.export.formats))
+            (staging / "README.md").write_text(model_card(target, recipe.target, edit.card, terms, report))
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None
     return report
 
 
-NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "reload_max_abs_diff": None, "native_ref": None}
+NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "onnx_provider_requested": None,
+                "onnx_provider_fell_back": None, "reload_max_abs_diff": None, "native_ref": None,
+                "fp16_min_cosine": None, "triton_models": [], "onnx_files": []}
 
 
 def _peak_rss_mb() -> float:
@@ -379,7 +413,8 @@ def _report(plan_: Plan, target, edit: _Edit, residuals, terms, target_record, l
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
-                              **{k: exported[k] for k in ("onnx_max_abs_diff", "onnx_provider", "reload_max_abs_diff")},
+                              **{k: v for k, v in exported.items()
+                                 if k not in ("native_ref", "triton_models", "onnx_files")},
                               "check_inputs": len(check_paths)},
               "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
     return {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
@@ -387,4 +422,6 @@ def _report(plan_: Plan, target, edit: _Edit, residuals, terms, target_record, l
             "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
             "verify": verify, "cache": dict(run.counts), "timings": dict(run.timings),
             "peak_rss_mb": _peak_rss_mb(), "lock_hash": lock["lock_hash"],
-            "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else []}
+            "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
+            "precision": list(recipe.export.precision), "triton_models": exported["triton_models"],
+            "onnx_files": exported["onnx_files"]}

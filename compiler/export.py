@@ -42,13 +42,92 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
                               "run with --debug for the exporter's traceback") from exc
 
 
-def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, str]:
-    """Run an exported tower with onnxruntime; return its output and the provider that ran."""
+def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict]:
+    """Run an exported tower with onnxruntime on the best provider installed; return its output
+    and which provider was asked for and which one actually ran (a CUDA provider that could
+    not start falls back to CPU silently, so both are reported)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=ort.get_available_providers())
+    # Some wheels list pseudo providers (AzureExecutionProvider) first; ask for real devices.
+    available = ort.get_available_providers()
+    requested = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    session = ort.InferenceSession(str(path), providers=requested)
     feeds = {i.name: inputs[i.name].cpu().numpy() for i in session.get_inputs()}
-    return session.run(None, feeds)[0], session.get_providers()[0]
+    ran = session.get_providers()[0]
+    return session.run(None, feeds)[0], {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
+
+
+def stamp_onnx(path: Path, provenance: dict[str, str]) -> None:
+    """Provenance in the graph's metadata_props (what `onnx.load(...).metadata_props` shows)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    existing = {p.key: p for p in model.metadata_props}
+    for key, value in provenance.items():
+        entry = existing.get(key) or model.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(model, str(path))
+
+
+def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None:
+    """Weights and activations in float16, inputs and outputs kept float32 (same feeds)."""
+    import onnx
+    from onnxconverter_common import float16
+
+    with warnings.catch_warnings():  # "-3.4e38 truncated to -1e4": attention masks, harmless
+        warnings.simplefilter("ignore")
+        model = float16.convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+    onnx.save(model, str(target))
+    stamp_onnx(target, {**provenance, "ptc_precision": "fp16"})
+
+
+def min_row_cosine(a, b) -> float:
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min())
+
+
+def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
+    """Add provenance to the `__metadata__` of every safetensors file under `folder`,
+    keeping what the library wrote there (transformers needs `format: pt`)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(folder.rglob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = dict(handle.metadata() or {})
+        metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
+        save_file(load_file(str(path)), str(path), metadata=metadata)
+
+
+TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 7: "TYPE_INT64", 6: "TYPE_INT32", 9: "TYPE_BOOL"}
+
+
+def _triton_tensors(values) -> str:
+    blocks = []
+    for value in values:
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim][1:]  # batch is implicit
+        blocks.append(f'  {{\n    name: "{value.name}"\n    data_type: {TRITON_TYPES[tensor.elem_type]}\n'
+                      f'    dims: [ {", ".join(map(str, dims))} ]\n  }}')
+    return ",\n".join(blocks)
+
+
+def write_triton_model(repository: Path, name: str, onnx_path: Path, max_batch_size: int) -> Path:
+    """`<repository>/<name>/config.pbtxt` and `<name>/1/model.onnx`, read off the ONNX graph
+    itself so that names, types and dims cannot drift from it."""
+    import shutil
+
+    import onnx
+
+    graph = onnx.load(str(onnx_path)).graph
+    folder = repository / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(onnx_path, folder / "1" / "model.onnx")
+    config = (f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+              f"input [\n{_triton_tensors(graph.input)}\n]\noutput [\n{_triton_tensors(graph.output)}\n]\n"
+              "dynamic_batching { }\n")
+    (folder / "config.pbtxt").write_text(config)
+    return folder
 
 
 def file_sha256(path: Path) -> str:
@@ -63,15 +142,17 @@ def output_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def lock_record(target: dict, terms: list[dict], edit: dict, recipe_sha: str) -> dict:
+def lock_record(target: dict, terms: list[dict], edit: dict, recipe_sha: str, export: dict) -> dict:
     """Everything the build read, by hash; its own hash names the build."""
     record = {"tool": "ptc", "version": __version__, "torch": torch.__version__,
-              "recipe_sha256": recipe_sha, "target": target, "edit": edit, "terms": terms}
+              "recipe_sha256": recipe_sha, "target": target, "edit": edit, "terms": terms, "export": export}
     record["lock_hash"] = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
     return record
 
 
-def model_card(target_ref: str, library: str, edit: str, terms: list[dict], verify: dict, lock_hash: str, formats) -> str:
+def model_card(encoder, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:
+    """The output's README.md, with Hugging Face model-card front matter."""
+    verify, lock_hash = report["verify"], report["lock_hash"]
     rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |" for t in terms)
     lin, eq = verify["linearity"], verify["equivalence"]
     figures = [f"- edited model vs its reference, torch: {eq['torch_max_abs_diff']:.2e}"]
@@ -79,13 +160,26 @@ def model_card(target_ref: str, library: str, edit: str, terms: list[dict], veri
         figures.insert(0, f"- linearity (relative, fp64 / fp32): {lin['max_rel_diff_fp64']:.2e} / "
                           f"{lin['max_rel_diff_fp32']:.2e}")
     if eq.get("onnx_max_abs_diff") is not None:
-        figures.append(f"- ONNX vs torch: {eq['onnx_max_abs_diff']:.2e}")
+        figures.append(f"- ONNX vs torch: {eq['onnx_max_abs_diff']:.2e} (ran on {eq['onnx_provider']})")
+    if eq.get("fp16_min_cosine") is not None:
+        figures.append(f"- fp16 ONNX vs fp32 ONNX, lowest cosine: {eq['fp16_min_cosine']:.6f}")
     if eq.get("reload_max_abs_diff") is not None:
         figures.append(f"- reloaded safetensors vs torch: {eq['reload_max_abs_diff']:.2e}")
+    tags = ["ptc", "task-arithmetic", "platonic-task-arithmetic", report["route"].replace("_", "-")]
+    loading = [f"### {encoder.library}\n```python\n{encoder.load_snippet('model')}\n```"] if report["native_ref"] else []
+    if report.get("onnx_files"):
+        loading.append("### onnxruntime\n```python\nimport onnxruntime as ort\n"
+                       f'session = ort.InferenceSession("{report["onnx_files"][0]}")\n'
+                       "embeds = session.run(None, {name: array})[0]  # inputs as in report.json\n```")
+    if report.get("triton_models"):
+        loading.append("### Triton\n```bash\ntritonserver --model-repository=triton\n"
+                       f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"
+                       "# infer: POST /v2/models/<name>/infer with the inputs of config.pbtxt\n```")
+    front = {"base_model": target_ref, "library_name": encoder.library, "pipeline_tag": encoder.pipeline_tag,
+             "tags": tags}
+    front_matter = "\n".join(f"{k}: {json.dumps(v)}" for k, v in front.items())
     return f"""---
-base_model: {json.dumps(target_ref)}
-library_name: {library}
-tags: [ptc, task-arithmetic, platonic-task-arithmetic]
+{front_matter}
 ---
 
 # Edited encoder built by ptc {__version__}
@@ -93,17 +187,16 @@ tags: [ptc, task-arithmetic, platonic-task-arithmetic]
 Base model: `{target_ref}`. {edit}: same architecture, same inference cost as the base model.
 The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 
-| task | source | weight | residual |
+| task | source | strength | residual |
 | --- | --- | --- | --- |
 {rows}
 
 ## Verification
 {chr(10).join(figures)}
 
-Lock hash: `{lock_hash}` (see `ptc.lock`). Outputs: {', '.join(formats)}.
+Lock hash: `{lock_hash}` (see `ptc.lock`; the ONNX graphs and safetensors files carry it in
+their metadata). Outputs: {', '.join(report['formats'])}; precision: {', '.join(report['precision'])}.
 
 ## Loading
-- `model/`: the native {library} checkpoint; `ptc eval` and `ptc build` read it as the
-  reference in `report.json` -> `native_ref`.
-- `onnx/*.onnx`: `onnxruntime.InferenceSession("onnx/vision_model.onnx").run(None, {{"pixel_values": x}})`.
+{chr(10).join(loading)}
 """

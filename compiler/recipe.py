@@ -14,7 +14,7 @@ from .grid import NAME_PATTERN
 from .yamlio import load_yaml, validate
 
 MAX_ABS_WEIGHT = 100.0
-FORMATS = ("onnx", "safetensors")
+FORMATS = ("onnx", "safetensors")  # the default; "triton" is also accepted
 
 
 class _Strict(pydantic.BaseModel):
@@ -63,6 +63,7 @@ class Verify(_Strict):
     linearity_rtol: float = 1e-6  # at the float32 precision operators are stored in
     linearity_rtol_fp64: float = 1e-12
     equivalence_atol: float = 1e-5
+    fp16_min_cosine: float = 0.999  # fp16 ONNX towers against the fp32 ones, per output row
     # Relative descriptor residual ||S_edit - S_pre - sum w U|| / ||sum w U|| per grid; None
     # reports it without a limit.
     max_descriptor_residual: float | None = None
@@ -87,18 +88,32 @@ class Adapter(_Strict):
     _lr = pydantic.field_validator("lr", mode="before")(lambda cls, v: _positive_finite(v))
 
 
+class Triton(_Strict):
+    max_batch_size: int = pydantic.Field(default=64, ge=1)
+
+
 class Export(_Strict):
     out: str | None = None
-    formats: tuple[Literal["onnx", "safetensors"], ...] = FORMATS
+    formats: tuple[Literal["onnx", "safetensors", "triton"], ...] = FORMATS
+    precision: tuple[Literal["fp32", "fp16"], ...] = ("fp32",)  # fp16: extra *_fp16.onnx towers, fp32 I/O
+    triton: Triton = Triton()
 
-    @pydantic.field_validator("formats", mode="before")
+    @pydantic.field_validator("formats", "precision", mode="before")
     @classmethod
-    def _formats(cls, value):
+    def _non_empty(cls, value, info):
         if isinstance(value, list):
             if not value:
-                raise ValueError(f"expected at least one of {list(FORMATS)}")
+                raise ValueError(f"expected a non-empty list for {info.field_name}")
             return tuple(value)
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _needs_onnx(self):
+        if "onnx" not in self.formats and ("triton" in self.formats or "fp16" in self.precision):
+            raise ValueError("'triton' and fp16 precision are made from the ONNX towers: add 'onnx' to formats")
+        if "fp32" not in self.precision:
+            raise ValueError("precision must include fp32 (the fp16 towers are verified against it)")
+        return self
 
 
 class Recipe(_Strict):

@@ -18,6 +18,13 @@ def require(name: str, measured: float, tolerance: float) -> float:
     return measured
 
 
+def require_at_least(name: str, measured: float, floor: float) -> float:
+    if not measured >= floor:
+        raise VerifyError(f"verification failed: {name} = {measured:.6f} is below the required {floor}",
+                          "nothing was written; inspect the inputs or loosen `verify:` in the recipe")
+    return measured
+
+
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / max(float(b.norm()), 1e-300))

@@ -32,6 +32,7 @@ class DualEncoder(Protocol):
     ref: str          # the reference it was loaded from
     embed_dim: int    # width of the embedding the edit acts on
     library: str      # the library whose format save_native writes, e.g. "transformers"
+    pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
 
     def load_inputs(self, paths: list[Path]) -> torch.Tensor:
         """Read probe files and preprocess them into one model input batch."""
@@ -61,6 +62,9 @@ class DualEncoder(Protocol):
     def save_native(self, folder: Path) -> str:
         """Save in the family's own library format; return the scheme that reloads it
         (`f"{scheme}:{folder}"`)."""
+
+    def load_snippet(self, folder: str) -> str:
+        """Three lines of Python that load a checkpoint saved by save_native from `folder`."""
 
     # Fine-tuning (sources): peft wraps a copy of the torch module; the family says which
     # modules are its input tower's attention q and v projections and how to run the copy.

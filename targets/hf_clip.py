@@ -46,6 +46,7 @@ class HFClip:
     """A loaded CLIPModel with its tokenizer and image processor."""
 
     library = "transformers"
+    pipeline_tag = "zero-shot-image-classification"
     # peft needs the regex to match the whole module path; text-tower q/v stay frozen.
     lora_target_modules = r".*vision_model\..*\.(q_proj|v_proj)"
 
@@ -161,6 +162,11 @@ class HFClip:
                       "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
                                       "attention_mask": {0: "batch", 1: "sequence"}}),
         ]
+
+    def load_snippet(self, folder: str) -> str:
+        return (f'from transformers import CLIPModel, CLIPProcessor\n'
+                f'model = CLIPModel.from_pretrained("{folder}")\n'
+                f'processor = CLIPProcessor.from_pretrained("{folder}")')
 
     def save_native(self, folder: Path) -> str:
         self.model.save_pretrained(folder)

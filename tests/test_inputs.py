@@ -39,7 +39,7 @@ def test_good_recipe_and_defaults(tmp_path):
     (GOOD.replace("0.5", "1e-3"), r"terms\[0\]\.weight: expected a number \(YAML reads exponents"),
     (GOOD.replace("0.5", "0"), r"terms\[0\]\.weight: .*non-zero"),
     (GOOD + "solve: {ridge: -1}\n", r"solve\.ridge: .*positive"),
-    (GOOD + "export: {formats: [onnx, tflite]}\n", r"export\.formats\[1\]: .*'onnx' or 'safetensors'"),
+    (GOOD + "export: {formats: [onnx, tflite]}\n", r"export\.formats\[1\]: .*'onnx', 'safetensors' or 'triton'"),
     (GOOD + "target: hf:y\n", r"recipe.yaml:5: YAML syntax error: duplicate key 'target'"),
     ("target: [unclosed\nterms: x\n", r"recipe.yaml:\d+: YAML syntax error"),
     ("- just\n- a list\n", r"expected a mapping of keys at the top level"),

@@ -1,0 +1,109 @@
+"""Shipping formats: a Triton repository that matches the graphs, fp16 towers, provenance in
+ONNX and safetensors metadata, and a model card with Hugging Face front matter."""
+
+import json
+import re
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+from safetensors import safe_open
+
+from conftest import clip_pixels, run_ptc, write_recipe
+
+TRITON_TYPE = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYPE_INT64"}
+
+
+@pytest.fixture(scope="module")
+def shipped(world, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ship")
+    recipe = write_recipe(folder / "recipe.yaml", world, export={
+        "out": str(folder / "out"), "formats": ["onnx", "safetensors", "triton"], "precision": ["fp32", "fp16"],
+        "triton": {"max_batch_size": 16}})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    return folder / "out", json.loads((folder / "out" / "report.json").read_text())
+
+
+def parse_pbtxt(text: str) -> dict:
+    """Just enough of protobuf text format for our configs: scalars and lists of tensors."""
+    config = {key: value.strip('"') for key, value in re.findall(r"^(\w+): (.+)$", text, re.M)}
+    for section in ("input", "output"):
+        body = re.search(rf"^{section} \[\n(.*?)\n\]", text, re.S | re.M).group(1)
+        config[section] = [{"name": name, "data_type": dtype, "dims": [int(d) for d in dims.split(",") if d.strip()]}
+                           for name, dtype, dims in re.findall(
+                               r'name: "(\w+)"\s+data_type: (\w+)\s+dims: \[ ([^\]]*) \]', body)]
+    config["dynamic_batching"] = "dynamic_batching { }" in text
+    return config
+
+
+def _graph_tensors(values):
+    return [{"name": v.name, "data_type": TRITON_TYPE[v.type.tensor_type.elem_type],
+             "dims": [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim][1:]}
+            for v in values]
+
+
+def test_triton_configs_match_the_onnx_graphs(shipped):
+    out, report = shipped
+    assert sorted(report["triton_models"]) == ["text_model", "text_model_fp16", "vision_model", "vision_model_fp16"]
+    for name in report["triton_models"]:
+        config = parse_pbtxt((out / "triton" / name / "config.pbtxt").read_text())
+        model_file = out / "triton" / name / "1" / "model.onnx"
+        assert model_file.read_bytes() == (out / "onnx" / f"{name}.onnx").read_bytes()
+        graph = onnx.load(str(model_file)).graph
+        assert config["name"] == name and config["backend"] == "onnxruntime"
+        assert config["max_batch_size"] == "16" and config["dynamic_batching"]
+        assert config["input"] == _graph_tensors(graph.input)
+        assert config["output"] == _graph_tensors(graph.output)
+    vision = parse_pbtxt((out / "triton" / "vision_model" / "config.pbtxt").read_text())
+    assert vision["input"] == [{"name": "pixel_values", "data_type": "TYPE_FP32", "dims": [3, 32, 32]}]
+    assert vision["output"] == [{"name": "image_embeds", "data_type": "TYPE_FP32", "dims": [24]}]
+
+
+def test_fp16_towers_keep_fp32_io_and_agree_with_fp32(world, shipped):
+    out, report = shipped
+    assert report["verify"]["equivalence"]["fp16_min_cosine"] >= 0.999
+    half = onnx.load(str(out / "onnx" / "vision_model_fp16.onnx"))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in half.graph.initializer)
+    assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:6]
+    pixels = clip_pixels(probes, out / "model").numpy()
+    full = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
+    fast = ort.InferenceSession(str(out / "onnx" / "vision_model_fp16.onnx"), providers=["CPUExecutionProvider"])
+    a, b = full.run(None, {"pixel_values": pixels})[0], fast.run(None, {"pixel_values": pixels})[0]
+    assert b.dtype == np.float32
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosine.min() >= 0.999
+
+
+def test_provenance_in_onnx_and_safetensors_metadata(shipped):
+    out, report = shipped
+    for name in ("vision_model", "text_model_fp16"):
+        props = {p.key: p.value for p in onnx.load(str(out / "onnx" / f"{name}.onnx")).metadata_props}
+        assert props["ptc_lock_hash"] == report["lock_hash"] and props["ptc_version"] == report["ptc_version"]
+        assert props["ptc_precision"] == ("fp16" if name.endswith("fp16") else "fp32")
+    with safe_open(str(out / "model" / "model.safetensors"), framework="pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["format"] == "pt" and metadata["ptc_lock_hash"] == report["lock_hash"]
+    assert metadata["ptc_recipe_sha256"] == json.loads((out / "ptc.lock").read_text())["recipe_sha256"]
+
+
+def test_model_card_front_matter_and_loading_sections(shipped):
+    out, report = shipped
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---")[1])
+    assert front["library_name"] == "transformers" and front["pipeline_tag"] == "zero-shot-image-classification"
+    assert front["base_model"] == report["target"]["ref"] and "ptc" in front["tags"]
+    for heading in ("### transformers", "### onnxruntime", "### Triton"):
+        assert heading in card
+    assert report["lock_hash"] in card and "| colour | src | +0.5 |" in card
+
+
+def test_provider_that_ran_is_reported(shipped):
+    _, report = shipped
+    equivalence = report["verify"]["equivalence"]
+    assert equivalence["onnx_provider"] == "CPUExecutionProvider"
+    assert equivalence["onnx_provider_requested"] in ort.get_available_providers()
+    assert equivalence["onnx_provider_fell_back"] is False
