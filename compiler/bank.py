@@ -118,7 +118,9 @@ class Bank:
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         sha = tensors_sha256(tensors)
         record = _sealed({**meta, "tensors_sha256": sha, "ptc_version": __version__})
-        data = safetensors.torch.save(tensors, metadata={"format": "pt", "ptc": json.dumps(record, sort_keys=True)})
+        # One metadata key only: safetensors writes its metadata map in hash order, which
+        # changes from process to process, and bank entries must be byte-reproducible.
+        data = safetensors.torch.save(tensors, metadata={"ptc": json.dumps(record, sort_keys=True)})
         path = self.root / relpath
         with timed("bank_write"):
             write_bytes_atomic(path, data)

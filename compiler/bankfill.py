@@ -26,6 +26,7 @@ class SourceSpec:
 def fill_bank(bank: Bank, sources: list[SourceSpec], target_refs: list[str], ridge: float = 1.0,
               base_dir: Path = Path("."), batch_size: int = 64, progress: bool = True) -> Counter:
     counts: Counter = Counter()
+    embeddings_before = _count_embeddings(bank)
     for spec in sources:
         source = targets.load(spec.pre, base_dir)
         for task_name, finetuned in spec.finetuned.items():
@@ -41,12 +42,16 @@ def fill_bank(bank: Bank, sources: list[SourceSpec], target_refs: list[str], rid
         for task_name in task_names:
             task = bank.task(task_name)
             emb = embed_grid(target, task, bank, batch_size, progress)
-            counts["embeddings_computed"] += emb.computed
             factors = ensure_factors(bank, key, target, task, emb, counts)
             for descriptor_id in bank.descriptor_ids(task_name):
                 ensure_operator(bank, key, target, task, bank.descriptor(task_name, descriptor_id),
                                 factors, ridge, counts)
+    counts["embeddings_computed"] = _count_embeddings(bank) - embeddings_before  # sources' and targets'
     return counts
+
+
+def _count_embeddings(bank: Bank) -> int:
+    return sum(1 for _ in bank.root.glob("embeddings/*/*.safetensors"))
 
 
 def _same_source(bank: Bank, task: str, descriptor_id: str, pre: str, finetuned: str) -> bool:

@@ -227,6 +227,27 @@ def bank_group() -> None:
     """Inspect the operator bank."""
 
 
+@bank_group.command("build")
+@click.argument("plan_file", type=click.Path(path_type=Path))
+@BANK_OPTION
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
+              help="Run forward passes and solves as Ray tasks (a cluster address, or 'local').")
+@click.option("--replace", is_flag=True, help="Re-register tasks whose grid changed.")
+@click.option("--batch-size", default=64, show_default=True)
+@handled
+def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
+    """Compute every missing embedding, descriptor, factor and operator of PLAN_FILE."""
+    from .bankplan import load_plan, run_plan
+
+    plan = load_plan(plan_file)
+    store = _bank(bank)
+    counts = run_plan(plan, store, ray_address, replace, batch_size)
+    figures = ", ".join(f"{k.replace('_', ' ')} {counts.get(k, 0)}" for k in (
+        "tasks_registered", "descriptors_computed", "embeddings_computed", "factors_computed", "operators_solved"))
+    where = f"Ray at {ray_address}" if ray_address else "in-process"
+    click.echo(f"bank {store.root} ({where}): {figures}")
+
+
 @bank_group.command("verify")
 @BANK_OPTION
 @handled

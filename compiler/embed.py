@@ -23,9 +23,27 @@ class GridEmbeddings:
     computed: bool            # False when it came from the bank's cache
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the bank records of a model: enough to key and describe its entries."""
+
+    ref: str
+    input_fingerprint: str
+    text_fingerprint: str
+    embed_dim: int
+
+    @property
+    def key(self) -> str:
+        """Bank key of a model: its input and text fingerprints together."""
+        return hashlib.sha256(f"{self.input_fingerprint}|{self.text_fingerprint}".encode()).hexdigest()[:32]
+
+
+def model_info(model) -> ModelInfo:
+    return ModelInfo(model.ref, model.input_fingerprint(), model.text_fingerprint(), model.embed_dim)
+
+
 def model_key(model) -> str:
-    """Bank key of a model: its input and text fingerprints together."""
-    return hashlib.sha256(f"{model.input_fingerprint()}|{model.text_fingerprint()}".encode()).hexdigest()[:32]
+    return model_info(model).key
 
 
 _VERIFIED: set[tuple] = set()
@@ -67,19 +85,33 @@ def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool =
     return torch.cat(rows)
 
 
-def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
-    def compute():
-        check_grid_unchanged(task)
-        inputs = embed_probe_files(model, list(task.probes), batch_size, f"embed {task.name}", progress)
-        with timed("forward"):
-            prompts = model.embed_prompts(task.prompts)
-        return ({"inputs": inputs, "prompts": prompts},
-                {"kind": "embeddings", "model_ref": model.ref, "task": task.name, "grid_hash": task.grid_hash,
-                 "input_fingerprint": model.input_fingerprint(), "text_fingerprint": model.text_fingerprint()})
+def grid_forward(model, task: TaskRecord, batch_size: int = 64, progress: bool = True):
+    """The forward passes of one (model, grid) pair: raw input and prompt embeddings."""
+    check_grid_unchanged(task)
+    inputs = embed_probe_files(model, list(task.probes), batch_size, f"embed {task.name}", progress)
+    with timed("forward"):
+        prompts = model.embed_prompts(task.prompts)
+    return inputs, prompts
 
-    entry, computed = bank.get_or_compute(bank.embeddings_rel(model_key(model), task.grid_hash), compute)
+
+def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, prompts: torch.Tensor):
+    """(tensors, meta) of a bank embeddings entry; one definition for every executor."""
+    return ({"inputs": inputs, "prompts": prompts},
+            {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
+             "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint})
+
+
+def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
     inputs, prompts = entry.tensors["inputs"], entry.tensors["prompts"]
     if inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts):
         raise BankError(f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
                         "delete the entry and rebuild")
     return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed)
+
+
+def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
+    info = model_info(model)
+    entry, computed = bank.get_or_compute(
+        bank.embeddings_rel(info.key, task.grid_hash),
+        lambda: embedding_record(info, task, *grid_forward(model, task, batch_size, progress)))
+    return grid_embeddings(entry, task, computed)

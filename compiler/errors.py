@@ -51,3 +51,7 @@ class VerifyError(PtcError):
     """A numerical check that failed; the message carries the measured figure."""
 
     exit_code = 3
+
+
+class PlanError(InputError):
+    """A bank plan file (`ptc bank build PLAN.yaml`) that does not validate."""

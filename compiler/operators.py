@@ -13,32 +13,46 @@ from .timers import timed
 from .solve import GridFactors, factorize, solve_operator
 
 
+def factors_record(target_ref: str, task: TaskRecord, factors: GridFactors):
+    return factors.as_tensors(), {"kind": "factors", "target_ref": target_ref, "task": task.name,
+                                  "grid_hash": task.grid_hash}
+
+
+def operator_record(target_ref: str, task: TaskRecord, descriptor: Entry, ridge: float, operator):
+    return {"operator": operator.float()}, {"kind": "operator", "target_ref": target_ref, "task": task.name,
+                                            "source": descriptor.meta.get("id"), "grid_hash": task.grid_hash,
+                                            "descriptor_sha256": descriptor.sha256, "ridge": ridge}
+
+
+def timed_factorize(emb: GridEmbeddings) -> GridFactors:
+    with timed("solve"):
+        return factorize(emb.inputs, emb.class_rows)
+
+
+def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float):
+    with timed("solve"):
+        return solve_operator(factors, descriptor.tensors["utd"], ridge)
+
+
+def check_operator(entry: Entry, embed_dim: int) -> Entry:
+    if entry.tensors["operator"].shape != (embed_dim, embed_dim):
+        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
+                        f"embeds in {embed_dim} dimensions", "delete the entry and rebuild")
+    return entry
+
+
 def ensure_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: GridEmbeddings,
                    counts: Counter) -> GridFactors:
-    def compute():
-        with timed("solve"):
-            factors = factorize(emb.inputs, emb.class_rows)
-        return factors.as_tensors(), {"kind": "factors", "target_ref": target.ref, "task": task.name,
-                                      "grid_hash": task.grid_hash}
-
-    entry, computed = bank.get_or_compute(bank.factors_rel(target_key, task.grid_hash), compute)
+    entry, computed = bank.get_or_compute(bank.factors_rel(target_key, task.grid_hash),
+                                          lambda: factors_record(target.ref, task, timed_factorize(emb)))
     counts["factors_computed"] += computed
     return GridFactors.from_tensors(entry.tensors)
 
 
 def ensure_operator(bank: Bank, target_key: str, target, task: TaskRecord, descriptor: Entry,
                     factors: GridFactors, ridge: float, counts: Counter) -> Entry:
-    def compute():
-        with timed("solve"):
-            operator = solve_operator(factors, descriptor.tensors["utd"], ridge).float()
-        return {"operator": operator}, {"kind": "operator", "target_ref": target.ref, "task": task.name,
-                                        "source": descriptor.meta.get("id"), "grid_hash": task.grid_hash,
-                                        "descriptor_sha256": descriptor.sha256, "ridge": ridge}
-
     relpath = bank.operator_rel(target_key, task.grid_hash, descriptor.sha256, ridge)
-    entry, computed = bank.get_or_compute(relpath, compute)
+    entry, computed = bank.get_or_compute(
+        relpath, lambda: operator_record(target.ref, task, descriptor, ridge, timed_solve(factors, descriptor, ridge)))
     counts["operators_solved"] += computed
-    if entry.tensors["operator"].shape != (target.embed_dim, target.embed_dim):
-        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
-                        f"embeds in {target.embed_dim} dimensions", "delete the entry and rebuild")
-    return entry
+    return check_operator(entry, target.embed_dim)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import targets
 
-from .bank import Bank, Entry
+from .bank import Bank, Entry, TaskRecord
 from .descriptor import task_descriptor
-from .embed import check_grid_unchanged, embed_grid
+from .embed import GridEmbeddings, ModelInfo, check_grid_unchanged, embed_grid, model_info
 from .errors import ModelError
 from .grid import check_name
 
@@ -25,6 +25,30 @@ def load_finetuned(source, finetuned: str, base_dir: Path):
     return targets.load(f"{scheme}:{finetuned}", base_dir)
 
 
+def check_pair(source: ModelInfo, finetuned: ModelInfo, source_ref: str, finetuned_ref: str) -> None:
+    """A descriptor assumes the fine-tune kept the source's text tower and width."""
+    if finetuned.text_fingerprint != source.text_fingerprint:
+        raise ModelError(f"{finetuned_ref}: the fine-tune changed the text tower of {source_ref} "
+                         f"(text hash {finetuned.text_fingerprint[:12]} != {source.text_fingerprint[:12]})",
+                         "descriptors assume a frozen text tower; fine-tune the image tower only")
+    if finetuned.embed_dim != source.embed_dim:
+        raise ModelError(f"{finetuned_ref}: embedding width {finetuned.embed_dim} differs from the source's "
+                         f"{source.embed_dim}", "the fine-tune must share the source's architecture")
+
+
+def descriptor_record(task: TaskRecord, descriptor_id: str, source_ref: str, finetuned_ref: str,
+                      source: ModelInfo, finetuned: ModelInfo, pre: GridEmbeddings, post: GridEmbeddings):
+    """(tensor, meta) of a descriptor; one definition for every executor."""
+    utd = task_descriptor(post.inputs, pre.inputs, pre.class_rows).float()
+    meta = {"kind": "descriptor", "task": task.name, "id": descriptor_id, "grid_hash": task.grid_hash,
+            "source_ref": source_ref, "finetuned_ref": finetuned_ref,
+            "source_input_fingerprint": source.input_fingerprint,
+            "finetuned_input_fingerprint": finetuned.input_fingerprint,
+            "text_fingerprint": source.text_fingerprint, "finetuned_text_fingerprint": finetuned.text_fingerprint,
+            "norm": float(utd.norm()), "shape": list(utd.shape)}
+    return utd, meta
+
+
 def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: str,
                    descriptor_id: str, base_dir: Path = Path("."), batch_size: int = 64,
                    progress: bool = True, source=None) -> Entry:
@@ -35,21 +59,9 @@ def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: s
     check_grid_unchanged(task)  # bad input is reported before any weights load
     source = source or targets.load(source_ref, base_dir)
     finetuned = load_finetuned(source, finetuned_ref, base_dir)
-    if finetuned.text_fingerprint() != source.text_fingerprint():
-        raise ModelError(f"{finetuned_ref}: the fine-tune changed the text tower of {source_ref} "
-                         f"(text hash {finetuned.text_fingerprint()[:12]} != {source.text_fingerprint()[:12]})",
-                         "descriptors assume a frozen text tower; fine-tune the image tower only")
-    if finetuned.embed_dim != source.embed_dim:
-        raise ModelError(f"{finetuned_ref}: embedding width {finetuned.embed_dim} differs from the source's "
-                         f"{source.embed_dim}", "the fine-tune must share the source's architecture")
+    check_pair(model_info(source), model_info(finetuned), source_ref, finetuned_ref)
     pre = embed_grid(source, task, bank, batch_size, progress)
     post = embed_grid(finetuned, task, bank, batch_size, progress)
-    utd = task_descriptor(post.inputs, pre.inputs, pre.class_rows).float()
-    meta = {"kind": "descriptor", "task": task.name, "id": descriptor_id, "grid_hash": task.grid_hash,
-            "source_ref": source_ref, "finetuned_ref": finetuned_ref,
-            "source_input_fingerprint": source.input_fingerprint(),
-            "finetuned_input_fingerprint": finetuned.input_fingerprint(),
-            "text_fingerprint": source.text_fingerprint(),
-            "finetuned_text_fingerprint": finetuned.text_fingerprint(),
-            "norm": float(utd.norm()), "shape": list(utd.shape)}
+    utd, meta = descriptor_record(task, descriptor_id, source_ref, finetuned_ref,
+                                  model_info(source), model_info(finetuned), pre, post)
     return bank.put_descriptor(task.name, descriptor_id, utd, meta)
