@@ -1,0 +1,229 @@
+"""open_clip models: `open_clip:local-dir:PATH` (open_clip_config.json + open_clip_model.safetensors)
+or `open_clip:ARCH@WEIGHTS.safetensors` (a registered architecture with a local checkpoint).
+
+The image embedding is written by the tower's last affine, which depends on the tower:
+ViT's bare `visual.proj` parameter (applied as x @ proj, so the fold is proj' = proj (I + A)^T),
+ModifiedResNet's attention-pool `c_proj`, or a timm tower's head projection (EVA02).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from compiler.errors import ModelError, ModelNotFound
+
+from . import register_scheme
+from .base import OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+
+CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
+# Where each tower kind writes its embedding, tried in order (a table, not branches).
+PROJECTIONS = ("visual.proj", "visual.attnpool.c_proj", "visual.head.proj", "visual.trunk.head")
+
+
+class _ImageTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model.encode_image(pixel_values)
+
+
+class _TextTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model.encode_text(input_ids)
+
+
+def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
+    """(open_clip config with model_cfg and preprocess_cfg, weights file, where it looked)."""
+    import open_clip
+
+    if rest.startswith("local-dir:"):
+        folder = (base_dir / Path(rest[len("local-dir:"):]).expanduser()).resolve()
+        config_path, weights = folder / CONFIG, folder / WEIGHTS
+        if not config_path.is_file() or not weights.is_file():
+            raise ModelNotFound(f"open_clip:{rest}: expected {CONFIG} and {WEIGHTS} in {folder}",
+                                "save with `ptc build` or open_clip's push_to_hf_hub layout")
+        return json.loads(config_path.read_text()), weights, str(folder)
+    arch, sep, file = rest.partition("@")
+    if not sep:
+        raise ModelNotFound(f"open_clip:{rest}: give a local checkpoint as open_clip:{rest}@/path/weights.safetensors "
+                            "or a folder as open_clip:local-dir:/path", "ptc never downloads pretrained weights")
+    model_cfg = open_clip.get_model_config(arch)
+    if model_cfg is None:
+        raise ModelNotFound(f"open_clip:{rest}: unknown architecture {arch!r}",
+                            f"known: {', '.join(open_clip.list_models()[:8])} ...")
+    weights = (base_dir / Path(file).expanduser()).resolve()
+    if weights.suffix != ".safetensors":
+        raise ModelError(f"open_clip:{rest}: {weights.name} is not a safetensors file; ptc never unpickles "
+                         "checkpoint files", "convert it to safetensors on a trusted machine")
+    if not weights.is_file():
+        raise ModelNotFound(f"open_clip:{rest}: no checkpoint at {weights}")
+    return {"model_cfg": model_cfg, "preprocess_cfg": {}}, weights, str(weights)
+
+
+class OpenClip:
+    """A loaded open_clip CLIP with its tokenizer and preprocessing."""
+
+    library = "open_clip"
+    pipeline_tag = "zero-shot-image-classification"
+    lora_target_modules = ""  # see trainable(): fused attention has no separate q/v modules
+
+    def __init__(self, model, config: dict, preprocess, tokenizer, ref: str):
+        self.model, self.config, self.ref = model.eval(), config, ref
+        self.preprocess, self.tokenizer = preprocess, tokenizer
+        self.projection_path = next((p for p in PROJECTIONS if _get(model, p) is not None), None)
+        if self.projection_path is None:
+            raise ModelError(f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})")
+        self.embed_dim = int(config["model_cfg"]["embed_dim"])
+
+    @classmethod
+    def load(cls, rest: str, base_dir: Path) -> "OpenClip":
+        import open_clip
+        from open_clip.transform import PreprocessCfg, image_transform_v2
+        from safetensors.torch import load_file
+
+        config, weights, _ = _resolve(rest, base_dir)
+        model_cfg = config["model_cfg"]
+        try:
+            model = open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg else open_clip.CustomTextCLIP(**model_cfg)
+            missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ModelError(f"open_clip:{rest}: cannot load {weights}: {exc}".split("\n")[0]) from None
+        if [k for k in missing if "attn_mask" not in k] or unexpected:
+            raise ModelError(f"open_clip:{rest}: checkpoint does not match the architecture "
+                             f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
+        preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
+        model.visual.preprocess_cfg = preprocess_cfg
+        preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
+        tokenizer = open_clip.SimpleTokenizer(context_length=model.context_length)  # bundled vocabulary, offline
+        return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer,
+                   f"open_clip:{rest}")
+
+    # -- embedding ----------------------------------------------------------------------------
+    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
+        return torch.stack([self.preprocess(image) for image in open_images(paths)])
+
+    @torch.inference_mode()
+    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(batch).float()
+
+    @torch.inference_mode()
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        return self.model.encode_text(self.tokenizer(prompts)).float()
+
+    # -- identity -----------------------------------------------------------------------------
+    def _state(self, visual: bool) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.state_dict().items()
+                if k.startswith("visual.") == visual and not k.startswith("logit_")}
+
+    @cached_property
+    def _input_fp(self) -> str:
+        return fingerprint_tensors(self._state(True), "open_clip|" + json.dumps(self.config, sort_keys=True))
+
+    @cached_property
+    def _text_fp(self) -> str:
+        tokenizer = f"{type(self.tokenizer).__name__}|{self.tokenizer.context_length}|{len(self.tokenizer.encoder)}"
+        return fingerprint_tensors(self._state(False), "open_clip|" + tokenizer)
+
+    def input_fingerprint(self) -> str:
+        return self._input_fp
+
+    def text_fingerprint(self) -> str:
+        return self._text_fp
+
+    # -- edits --------------------------------------------------------------------------------
+    def with_adapter(self, adapter_dir: Path) -> "OpenClip":
+        raise ModelError(f"{self.ref}: peft adapters are not supported on open_clip towers: their attention "
+                         "packs q, k and v into one in_proj matrix, which peft would adapt whole",
+                         "pass a full fine-tuned checkpoint (open_clip:local-dir:...) as --finetuned")
+
+    def trainable(self) -> torch.nn.Module:
+        raise ModelError(f"{self.ref}: LoRA on q/v slices of open_clip's fused attention is not supported yet",
+                         "fine-tune the source in open_clip and pass the full checkpoint to ptc descriptor add")
+
+    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return module.encode_image(batch)
+
+    def with_edit(self, operator: torch.Tensor) -> "OpenClip":
+        model = copy.deepcopy(self.model)
+        target = _get(model, self.projection_path)
+        if isinstance(target, torch.nn.Linear):
+            weight, bias = fold_into_linear(target.weight.data, target.bias, operator)
+            target.weight.data.copy_(weight)
+            if bias is not None:
+                target.bias.data.copy_(bias)
+        else:  # a bare (width x d) parameter used as x @ proj: z' = (I + A) z means proj' = proj (I + A)^T
+            weight, _ = fold_into_linear(target.data.T, None, operator)
+            target.data.copy_(weight.T)
+        return OpenClip(model, self.config, self.preprocess, self.tokenizer, self.ref + "+edit")
+
+    # -- export -------------------------------------------------------------------------------
+    def onnx_towers(self) -> list[OnnxTower]:
+        size = self.model.visual.image_size
+        size = size if isinstance(size, (tuple, list)) else (size, size)
+        pixels = torch.zeros(2, 3, *size)
+        return [OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels}, "image_embeds",
+                          {"pixel_values": {0: "batch"}}),
+                OnnxTower("text_model", _TextTower(self.model).eval(),
+                          {"input_ids": self.tokenizer(["a photo of a thing.", "a photo."])}, "text_embeds",
+                          {"input_ids": {0: "batch"}})]
+
+    def load_snippet(self, folder: str) -> str:
+        return (f'import open_clip\n'
+                f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{folder}")\n'
+                f'tokenizer = open_clip.get_tokenizer("local-dir:{folder}")')
+
+    def save_native(self, folder: Path) -> str:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in self.model.state_dict().items() if "attn_mask" not in k}
+        save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+        (folder / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True))
+        return "open_clip:local-dir"
+
+
+def _get(module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
+               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0) -> Path:
+    """Save a small random-weight open_clip ViT CLIP (the real SimpleTokenizer vocabulary),
+    built from a config: for tests and the zoo."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    model_cfg = {"embed_dim": embed_dim,
+                 "vision_cfg": {"image_size": image_size, "layers": layers, "width": width,
+                                "patch_size": patch_size, "head_width": width // heads},
+                 "text_cfg": {"context_length": context_length, "vocab_size": 49408, "width": width,
+                              "heads": heads, "layers": layers}}
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(**model_cfg).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
+              str(folder / WEIGHTS), metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
+    return folder
+
+
+def check(rest: str, base_dir: Path) -> str:
+    return _resolve(rest, base_dir)[2]
+
+
+register_scheme("open_clip", OpenClip.load, check)
