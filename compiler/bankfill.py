@@ -31,7 +31,7 @@ def fill_bank(bank: Bank, sources: list[SourceSpec], target_refs: list[str], rid
         source = targets.load(spec.pre, base_dir)
         for task_name, finetuned in spec.finetuned.items():
             existing = bank.descriptor_ids(task_name)
-            if spec.id in existing and _same_source(bank, task_name, spec.id, spec.pre, finetuned):
+            if spec.id in existing and same_source(bank, task_name, spec.id, spec.pre, finetuned):
                 continue
             add_descriptor(bank, task_name, spec.pre, finetuned, spec.id, base_dir, batch_size, progress, source)
             counts["descriptors_computed"] += 1
@@ -54,7 +54,7 @@ def _count_embeddings(bank: Bank) -> int:
     return sum(1 for _ in bank.root.glob("embeddings/*/*.safetensors"))
 
 
-def _same_source(bank: Bank, task: str, descriptor_id: str, pre: str, finetuned: str) -> bool:
+def same_source(bank: Bank, task: str, descriptor_id: str, pre: str, finetuned: str) -> bool:
     meta = bank.descriptor(task, descriptor_id).meta
     return meta.get("source_ref") == pre and meta.get("finetuned_ref") == finetuned \
         and meta.get("grid_hash") == bank.task(task).grid_hash

@@ -224,7 +224,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, force, bank) -> Non
 
 @main.group("bank")
 def bank_group() -> None:
-    """Inspect the operator bank."""
+    """Fill and verify the operator bank."""
 
 
 @bank_group.command("build")

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from .bank import Bank, TaskRecord
-from .bankfill import SourceSpec, _same_source
+from .bankfill import SourceSpec, same_source
 from .embed import ModelInfo, embedding_record, grid_embeddings
 from .errors import PtcError
 from .operators import check_operator, factors_record, operator_record
@@ -101,7 +101,7 @@ def fill_bank_on_ray(bank: Bank, sources: list[SourceSpec], target_refs: list[st
     embed = ray.remote(max_retries=3)(_embed_job)
     counts: Counter = Counter()
     todo = [(s, task) for s in sources for task in s.finetuned
-            if not (s.id in bank.descriptor_ids(task) and _same_source(bank, task, s.id, s.pre, s.finetuned[task]))]
+            if not (s.id in bank.descriptor_ids(task) and same_source(bank, task, s.id, s.pre, s.finetuned[task]))]
     task_names = sorted({t for s in sources for t in s.finetuned})
     # Every forward-pass job of the plan at once: sources (pre and fine-tuned) and targets.
     jobs = [(s.pre, None, task) for s, task in todo] + [(s.pre, s.finetuned[task], task) for s, task in todo]
