@@ -222,6 +222,28 @@ def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: in
     return folder
 
 
+def build_tiny_timm(folder: Path, *, timm_model: str = "eva02_tiny_patch14_224", embed_dim: int = 24,
+                    width: int = 32, layers: int = 2, heads: int = 2, context_length: int = 24,
+                    seed: int = 0) -> Path:
+    """Save a random-weight open_clip CLIP whose image tower is a timm model (EVA02 by default,
+    as EVA-CLIP), with a linear head projection: for tests and the zoo."""
+    import open_clip
+    from safetensors.torch import save_file
+
+    model_cfg = {"embed_dim": embed_dim,
+                 "vision_cfg": {"timm_model_name": timm_model, "timm_model_pretrained": False,
+                                "timm_pool": "token", "timm_proj": "linear", "image_size": 224},
+                 "text_cfg": {"context_length": context_length, "vocab_size": 49408, "width": width,
+                              "heads": heads, "layers": layers}}
+    torch.manual_seed(seed)
+    model = open_clip.CLIP(**model_cfg).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
+              str(folder / WEIGHTS), metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
+    return folder
+
+
 def check(rest: str, base_dir: Path) -> str:
     return _resolve(rest, base_dir)[2]
 

@@ -22,6 +22,8 @@ FAMILIES = {
     "hf-clip": (lambda folder, seed: hf_clip.build_tiny(folder, width=32, embed_dim=12, seed=seed), "hf:{}"),
     "open_clip-vit": (lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed),
                       "open_clip:local-dir:{}"),
+    "open_clip-eva02": (lambda folder, seed: openclip.build_tiny_timm(folder, embed_dim=24, seed=seed),
+                        "open_clip:local-dir:{}"),
 }
 
 
@@ -67,10 +69,12 @@ def open_clip_models(tmp_path_factory):
     return {"target": target, "source": source, "tuned": tuned}
 
 
-def test_hf_clip_descriptors_build_into_an_open_clip_target(world, open_clip_models, bank_copy, tmp_path):
+@pytest.mark.parametrize("tower", ["vit", "eva02"])
+def test_hf_clip_descriptors_build_into_an_open_clip_target(world, open_clip_models, bank_copy, tmp_path, tower):
     import open_clip
 
-    ref = f"open_clip:local-dir:{open_clip_models['target']}"
+    folder = open_clip_models["target"] if tower == "vit" else openclip.build_tiny_timm(tmp_path / "eva", embed_dim=20)
+    ref = f"open_clip:local-dir:{folder}"
     recipe = write_recipe(tmp_path / "recipe.yaml", world, target=ref, bank=str(bank_copy))
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr
