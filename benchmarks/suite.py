@@ -10,7 +10,6 @@ Models are random-weight CLIPs of the selected size, built from configs; images 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics

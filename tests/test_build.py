@@ -127,7 +127,6 @@ def test_eval_reads_a_build_output_and_a_reference(world, built):
         figures = json.loads(result.stdout)
         assert figures["total"] == 24 and 0 <= figures["accuracy"] <= 1
     # Independent zero-shot accuracy of the edited model with transformers alone.
-    from PIL import Image
     from transformers import AutoTokenizer
     model = CLIPModel.from_pretrained(out / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(out / "model")

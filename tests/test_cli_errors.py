@@ -1,7 +1,6 @@
 """Bad input through the real CLI: one line on stderr, exit code 2 (3 for a failed
 verification), nothing written."""
 
-import json
 import shutil
 
 import pytest

@@ -1,0 +1,115 @@
+"""Planning a build: validate the recipe and resolve every term against the bank without
+loading a single weight (mergekit's plan half; all that `ptc check` does)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import targets
+
+from .bank import Bank, Entry, TaskRecord
+from .embed import check_grid_unchanged
+from .errors import BankError, OutputError, PtcError
+from .options import Options
+from .recipe import Recipe, Term, load_recipe
+
+
+@dataclass(frozen=True)
+class PlannedTerm:
+    term: Term
+    task: TaskRecord
+    descriptor: Entry
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe_path: Path
+    recipe: Recipe
+    recipe_bytes: bytes
+    bank: Bank
+    target_location: str
+    terms: tuple[PlannedTerm, ...]
+    out_dir: Path | None
+
+    @property
+    def base_dir(self) -> Path:
+        return self.recipe_path.parent
+
+
+def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> PlannedTerm:
+    if term.task not in checked_tasks:
+        task = bank.task(term.task)
+        check_grid_unchanged(task)
+        checked_tasks[term.task] = task
+    task = checked_tasks[term.task]
+    entry = bank.descriptor(term.task, term.source)
+    if entry.meta.get("grid_hash") != task.grid_hash:
+        raise BankError(f"descriptor {term.source!r} was computed on another grid of task {term.task!r} "
+                        f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
+                        "recompute it with `ptc descriptor add`")
+    text = entry.meta.get("finetuned_text_fingerprint")
+    if text is not None and text != entry.meta.get("text_fingerprint"):
+        raise BankError(f"descriptor {term.source!r} of task {term.task!r} comes from a fine-tune whose text "
+                        "tower differs from its source's; its affinities do not share prompts",
+                        "recompute it from a fine-tune with a frozen text tower")
+    expected = (len(task.probes), len(task.classes))
+    if tuple(entry.tensors["utd"].shape) != expected:
+        raise BankError(f"descriptor {term.source!r} of task {term.task!r} is "
+                        f"{tuple(entry.tensors['utd'].shape)} but the grid is {expected}",
+                        "recompute it with `ptc descriptor add`")
+    return PlannedTerm(term, task, entry)
+
+
+def _recipe_output(recipe_path: Path, written: str) -> Path:
+    """export.out as the recipe names it: a relative path must stay inside the recipe's
+    folder, neither climbing out with '..' nor through a symlink (--out is the way to
+    write elsewhere)."""
+    base = recipe_path.parent
+    relative = Path(written).expanduser()
+    if relative.is_absolute():
+        return relative.resolve()
+    lexical = Path(os.path.normpath(base / relative))
+    if not lexical.is_relative_to(base):
+        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder {base} via '..'",
+                          "write it inside the recipe's folder, or pass --out")
+    resolved = lexical.resolve()
+    if not resolved.is_relative_to(base.resolve()):
+        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder via a symlink "
+                          f"(it resolves to {resolved})", "pass --out to write there on purpose")
+    return resolved
+
+
+def _output_dir(recipe: Recipe, recipe_path: Path, options: Options) -> Path | None:
+    if options.out is not None:
+        out = Path(options.out).expanduser().resolve()
+    elif recipe.export.out is not None:
+        out = _recipe_output(recipe_path, recipe.export.out)
+    else:
+        return None
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output {out} exists and is not a directory")
+    if options.export and out.is_dir() and any(out.iterdir()) and not options.force:
+        raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
+    return out
+
+
+def plan(recipe_path: Path, options: Options = Options()) -> Plan:
+    recipe_path = Path(recipe_path).resolve()
+    recipe = load_recipe(recipe_path)
+    base = recipe_path.parent
+    bank = options.open_bank((base / recipe.bank) if recipe.bank else None)
+    try:
+        location = targets.check(recipe.target, base)
+    except PtcError as exc:
+        raise type(exc)(f"{recipe_path}: target: {exc.message}", exc.hint) from None
+    checked: dict[str, TaskRecord] = {}
+    planned = []
+    for index, term in enumerate(recipe.terms):
+        try:
+            planned.append(_plan_term(bank, term, checked))
+        except PtcError as exc:
+            raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
+    return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
+                _output_dir(recipe, recipe_path, options))

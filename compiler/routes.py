@@ -1,0 +1,146 @@
+"""The two routes from descriptors to an edited model. Each takes the planned terms and the
+target's grid embeddings and returns an `Edit`: the edited model, its embeddings of every
+grid's probes, its torch-level equivalence figure and what it adds to report and lock.
+
+- closed form: cached factors, one solve per term, A = sum w_l A_l folded into the last affine;
+- adapter: a LoRA fitted to sum w U on every grid jointly, merged into the weights.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .adapter import GridGoal, fit_adapter
+from .descriptor import affinity
+from .embed import GridEmbeddings, embed_probe_files
+from .hashing import tensors_sha256
+from .lora import default_device
+from .operators import ensure_factors, ensure_operator
+from .options import Options
+from .plan import Plan
+from .solve import GridFactors
+from .verify import embedding_equivalence, linearity, max_abs_difference, require
+
+
+@dataclass
+class Run:
+    """Mutable bookkeeping of one execution: stage timings and cache counters."""
+
+    timings: dict[str, float] = field(default_factory=dict)
+    counts: Counter = field(default_factory=lambda: Counter(embeddings_computed=0, factors_computed=0,
+                                                            operators_solved=0))
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class Edit:
+    """What a route hands back to the build."""
+
+    edited: object
+    grid_inputs: dict[str, torch.Tensor]
+    torch_max_abs_diff: float
+    report: dict
+    lock: dict
+    term_hashes: list[str | None]
+    card: str
+
+
+def grid_goals(plan_: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
+    """sum_l w_l U_l per grid (float64): what the edit should do to each grid's affinities."""
+    goals: dict[str, torch.Tensor] = {}
+    for pt in plan_.terms:
+        scaled = pt.term.weight * pt.descriptor.tensors["utd"].double()
+        goals[pt.task.name] = goals[pt.task.name] + scaled if pt.task.name in goals else scaled
+    return goals
+
+
+def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
+    """Per task grid: the term's descriptor plus up to two more of that task from the bank."""
+    per_task = {}
+    for name, grid_factors in factors.items():
+        ids = [pt.term.source for pt in plan_.terms if pt.task.name == name]
+        ids += [i for i in plan_.bank.descriptor_ids(name) if i not in ids]
+        descriptors = [plan_.bank.descriptor(name, i).tensors["utd"] for i in ids[:3]]
+        per_task[name] = linearity(grid_factors, descriptors, ridge)
+    return {"max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
+            "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
+            "per_task": per_task}
+
+
+def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+                 check_batch: torch.Tensor, run: Run, options: Options) -> Edit:
+    recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
+    with run.stage("factorize"):
+        factors = {name: ensure_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts)
+                   for name, emb in grids.items()}
+    with run.stage("solve"):
+        operators = [ensure_operator(plan_.bank, target_key, target, pt.task, pt.descriptor,
+                                     factors[pt.task.name], ridge, run.counts) for pt in plan_.terms]
+        edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
+    with run.stage("verify_linearity"):
+        lin = _linearity(plan_, factors, ridge)
+        require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
+        require("linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol)
+    with run.stage("fold"):
+        edited = target.with_edit(edit)
+    with run.stage("verify_torch"):
+        diff = embedding_equivalence(target.embed_inputs(check_batch), edited.embed_inputs(check_batch), edit)
+        require("torch_max_abs_diff (edited vs (I + A) z)", diff, recipe.verify.equivalence_atol)
+    # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
+    identity = torch.eye(edit.shape[0], dtype=torch.float64)
+    grid_inputs = {name: emb.inputs.double() @ (identity + edit).T for name, emb in grids.items()}
+    return Edit(edited, grid_inputs, diff, {"linearity": lin, "operator_norm": float(edit.norm())},
+                {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
+                "The image embedding is `(I + A) z`, with `A` the signed sum of the closed-form operators "
+                "below, folded into the last affine layer")
+
+
+def adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+             check_batch: torch.Tensor, run: Run, options: Options) -> Edit:
+    cfg, device = plan_.recipe.adapter, default_device()
+    goals = grid_goals(plan_, grids)
+    with run.stage("adapter_inputs"):
+        fit_goals = []
+        for name, emb in grids.items():
+            task = plan_.bank.task(name)
+            fit_goals.append(GridGoal(name, target.load_inputs(list(task.probes)).to(device),
+                                      emb.class_rows.float().to(device),
+                                      affinity(emb.inputs.double(), emb.class_rows).float().to(device),
+                                      goals[name].float().to(device)))
+    with tempfile.TemporaryDirectory(prefix="ptc-adapter-") as folder, run.stage("adapter_train"):
+        module, stats = fit_adapter(target, fit_goals, Path(folder), rank=cfg.rank, alpha=cfg.alpha,
+                                    epochs=cfg.epochs, max_steps=cfg.max_steps, lr=cfg.lr,
+                                    batch_size=cfg.batch_size, seed=cfg.seed, device=device,
+                                    progress=options.progress)
+        adapter_sha = tensors_sha256(load_file(Path(folder) / "adapter_model.safetensors"))
+        edited = target.with_adapter(Path(folder))  # merged: no LoRA modules are exported
+    with run.stage("verify_torch"):
+        with torch.no_grad():
+            unmerged = target.embed_with(module.cpu(), check_batch)
+        diff = max_abs_difference(edited.embed_inputs(check_batch), unmerged)
+        require("torch_max_abs_diff (merged vs unmerged adapter)", diff, plan_.recipe.verify.equivalence_atol)
+    with run.stage("embed_edited"):
+        grid_inputs = {name: embed_probe_files(edited, list(plan_.bank.task(name).probes), options.batch_size,
+                                               f"edited {name}", options.progress) for name in grids}
+    return Edit(edited, grid_inputs, diff, {"adapter": stats, "linearity": None},
+                {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}}, [None] * len(plan_.terms),
+                f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
+                "signed sum of the descriptors below and merged into the weights")
+
+
+ROUTES = {"closed_form": closed_form, "adapter": adapter}
