@@ -201,18 +201,16 @@ def _get(module, path: str):
     return module
 
 
-def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
-               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0) -> Path:
-    """Save a small random-weight open_clip ViT CLIP (the real SimpleTokenizer vocabulary),
-    built from a config: for tests and the zoo."""
+def _text_cfg(width: int, heads: int, layers: int, context_length: int) -> dict:
+    return {"context_length": context_length, "vocab_size": 49408, "width": width, "heads": heads, "layers": layers}
+
+
+def save_tiny(folder: Path, model_cfg: dict, seed: int) -> Path:
+    """Save a random-weight open_clip CLIP built from `model_cfg` (the real SimpleTokenizer
+    vocabulary) in the local-dir layout: for tests, benchmarks and the zoo."""
     import open_clip
     from safetensors.torch import save_file
 
-    model_cfg = {"embed_dim": embed_dim,
-                 "vision_cfg": {"image_size": image_size, "layers": layers, "width": width,
-                                "patch_size": patch_size, "head_width": width // heads},
-                 "text_cfg": {"context_length": context_length, "vocab_size": 49408, "width": width,
-                              "heads": heads, "layers": layers}}
     torch.manual_seed(seed)
     model = open_clip.CLIP(**model_cfg).eval()
     folder.mkdir(parents=True, exist_ok=True)
@@ -220,28 +218,33 @@ def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: in
               str(folder / WEIGHTS), metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
     return folder
+
+
+def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
+               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0) -> Path:
+    """A tiny open_clip ViT (projection: the bare visual.proj parameter)."""
+    vision = {"image_size": image_size, "layers": layers, "width": width, "patch_size": patch_size,
+              "head_width": width // heads}
+    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
+                              "text_cfg": _text_cfg(width, heads, layers, context_length)}, seed)
+
+
+def build_tiny_resnet(folder: Path, *, width: int = 8, embed_dim: int = 16, image_size: int = 64,
+                      context_length: int = 24, seed: int = 0) -> Path:
+    """A tiny open_clip ModifiedResNet (projection: the attention pool's c_proj, with bias)."""
+    vision = {"image_size": image_size, "layers": [1, 1, 1, 1], "width": width, "head_width": width}
+    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
+                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed)
 
 
 def build_tiny_timm(folder: Path, *, timm_model: str = "eva02_tiny_patch14_224", embed_dim: int = 24,
-                    width: int = 32, layers: int = 2, heads: int = 2, context_length: int = 24,
-                    seed: int = 0) -> Path:
-    """Save a random-weight open_clip CLIP whose image tower is a timm model (EVA02 by default,
-    as EVA-CLIP), with a linear head projection: for tests and the zoo."""
-    import open_clip
-    from safetensors.torch import save_file
-
-    model_cfg = {"embed_dim": embed_dim,
-                 "vision_cfg": {"timm_model_name": timm_model, "timm_model_pretrained": False,
-                                "timm_pool": "token", "timm_proj": "linear", "image_size": 224},
-                 "text_cfg": {"context_length": context_length, "vocab_size": 49408, "width": width,
-                              "heads": heads, "layers": layers}}
-    torch.manual_seed(seed)
-    model = open_clip.CLIP(**model_cfg).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
-              str(folder / WEIGHTS), metadata={"format": "pt"})
-    (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
-    return folder
+                    context_length: int = 24, seed: int = 0) -> Path:
+    """An open_clip CLIP whose image tower is a timm model (EVA02 by default, as EVA-CLIP),
+    with a linear head projection."""
+    vision = {"timm_model_name": timm_model, "timm_model_pretrained": False, "timm_pool": "token",
+              "timm_proj": "linear", "image_size": 224}
+    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
+                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed)
 
 
 def check(rest: str, base_dir: Path) -> str:

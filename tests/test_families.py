@@ -24,6 +24,8 @@ FAMILIES = {
                       "open_clip:local-dir:{}"),
     "open_clip-eva02": (lambda folder, seed: openclip.build_tiny_timm(folder, embed_dim=24, seed=seed),
                         "open_clip:local-dir:{}"),
+    "open_clip-resnet": (lambda folder, seed: openclip.build_tiny_resnet(folder, embed_dim=16, seed=seed),
+                         "open_clip:local-dir:{}"),
 }
 
 
@@ -69,11 +71,13 @@ def open_clip_models(tmp_path_factory):
     return {"target": target, "source": source, "tuned": tuned}
 
 
-@pytest.mark.parametrize("tower", ["vit", "eva02"])
+@pytest.mark.parametrize("tower", ["vit", "eva02", "resnet"])
 def test_hf_clip_descriptors_build_into_an_open_clip_target(world, open_clip_models, bank_copy, tmp_path, tower):
     import open_clip
 
-    folder = open_clip_models["target"] if tower == "vit" else openclip.build_tiny_timm(tmp_path / "eva", embed_dim=20)
+    folder = {"vit": lambda: open_clip_models["target"],
+              "eva02": lambda: openclip.build_tiny_timm(tmp_path / "eva", embed_dim=20),
+              "resnet": lambda: openclip.build_tiny_resnet(tmp_path / "resnet", embed_dim=20)}[tower]()
     ref = f"open_clip:local-dir:{folder}"
     recipe = write_recipe(tmp_path / "recipe.yaml", world, target=ref, bank=str(bank_copy))
     result = run_ptc("build", recipe)
