@@ -238,7 +238,7 @@ def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: i
             self.inner = module
 
         def forward(self, pixel_values):
-            return base.embed_with(self.inner, pixel_values)
+            return base.embed_with(self.inner, {"pixel_values": pixel_values})
 
     export_onnx(OnnxTower("lora", Unmerged().eval(), tower.example_inputs, tower.output_name, tower.dynamic_axes),
                 root / "lora.onnx")

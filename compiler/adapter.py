@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from targets.base import Batch, batch_len, batch_rows
+
 from .descriptor import affinity
 from .lora import attach_lora, train
 
@@ -22,7 +24,7 @@ class GridGoal:
     """What the adapter must reproduce on one grid (all tensors on the training device)."""
 
     name: str
-    inputs: torch.Tensor        # preprocessed probes (N x ...)
+    inputs: Batch               # preprocessed probes (N rows)
     class_rows: torch.Tensor    # M x d, the target's frozen text side
     pre_affinity: torch.Tensor  # N x M, the unedited target
     goal: torch.Tensor          # N x M, sum of w_l U_l over the grid's terms
@@ -37,7 +39,7 @@ def _batches(count: int, size: int, generator: torch.Generator):
 
 
 def planned_steps(goals: list[GridGoal], batch_size: int, epochs: int, max_steps: int) -> int:
-    per_epoch = max(math.ceil(len(g.inputs) / batch_size) for g in goals)
+    per_epoch = max(math.ceil(batch_len(g.inputs) / batch_size) for g in goals)
     return min(epochs * per_epoch, max_steps)
 
 
@@ -47,14 +49,14 @@ def fit_adapter(encoder, goals: list[GridGoal], out_dir: Path, *, rank: int, alp
     """Train, save the (unmerged) peft adapter to `out_dir`, return (module, stats)."""
     module = attach_lora(encoder, rank, alpha, seed, device)
     generator = torch.Generator().manual_seed(seed)
-    streams = [_batches(len(g.inputs), batch_size, generator) for g in goals]
+    streams = [_batches(batch_len(g.inputs), batch_size, generator) for g in goals]
     steps = planned_steps(goals, batch_size, epochs, max_steps)
 
     def step_loss(_step):
         total = 0.0
         for goal, stream in zip(goals, streams):
             idx = next(stream).to(device)
-            moved = affinity(encoder.embed_with(module, goal.inputs[idx]), goal.class_rows) - goal.pre_affinity[idx]
+            moved = affinity(encoder.embed_with(module, batch_rows(goal.inputs, idx)), goal.class_rows) - goal.pre_affinity[idx]
             total = total + (moved - goal.goal[idx]).square().mean()
         return total, {}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 import targets
+from targets.base import Batch
 
 from . import __version__
 from .embed import GridEmbeddings, embed_grid, model_key
@@ -66,7 +67,7 @@ def _export_onnx_towers(plan_: Plan, edited, check_batch, staging: Path, provena
             export_onnx(tower, path)
             stamp_onnx(path, {**provenance, "ptc_precision": "fp32"})
         # The input tower (first) is checked on real probes, the others on their examples.
-        inputs = {next(iter(tower.example_inputs)): check_batch} if index == 0 else tower.example_inputs
+        inputs = check_batch if index == 0 else tower.example_inputs
         with run.stage("verify_onnx"):
             got, provider = run_onnx(path, inputs)
             with torch.inference_mode():
@@ -95,7 +96,7 @@ def _export_onnx_towers(plan_: Plan, edited, check_batch, staging: Path, provena
     return figures
 
 
-def _export_and_verify(plan_: Plan, edited, check_batch: torch.Tensor, check_paths: list[Path],
+def _export_and_verify(plan_: Plan, edited, check_batch: Batch, check_paths: list[Path],
                        staging: Path, provenance: dict, run: Run) -> dict:
     figures = dict(NOT_EXPORTED)
     if "safetensors" in plan_.recipe.export.formats:

@@ -21,6 +21,7 @@ class GridEmbeddings:
     inputs: torch.Tensor      # N x d, unnormalised probe embeddings
     class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
     computed: bool            # False when it came from the bank's cache
+    regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ModelInfo:
     input_fingerprint: str
     text_fingerprint: str
     embed_dim: int
+    edit_width: int
 
     @property
     def key(self) -> str:
@@ -39,7 +41,8 @@ class ModelInfo:
 
 
 def model_info(model) -> ModelInfo:
-    return ModelInfo(model.ref, model.input_fingerprint(), model.text_fingerprint(), model.embed_dim)
+    return ModelInfo(model.ref, model.input_fingerprint(), model.text_fingerprint(), model.embed_dim,
+                     model.edit_width)
 
 
 def model_key(model) -> str:
@@ -74,39 +77,58 @@ def _stat(path) -> tuple[int, int]:
     return (info.st_size, info.st_mtime_ns)
 
 
-def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool = True) -> torch.Tensor:
+def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forward):
     chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
     for chunk in tqdm(chunks, desc=desc, unit="batch", disable=None if progress else True, leave=False):
         with timed("decode_inputs"):
             batch = model.load_inputs(list(chunk))
         with timed("forward"):
-            rows.append(model.embed_inputs(batch))
-    return torch.cat(rows)
+            rows.append(forward(batch))
+    return rows
+
+
+def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool = True) -> torch.Tensor:
+    return torch.cat(_embed_files(model, paths, batch_size, desc, progress, model.embed_inputs))
+
+
+def embed_probe_files_for_edit(model, paths, batch_size: int, desc: str, progress: bool = True):
+    """(z, R or None) of probe files: the embeddings and the rows an edit acts through."""
+    pairs = _embed_files(model, paths, batch_size, desc, progress, model.embed_for_edit)
+    inputs = torch.cat([z for z, _ in pairs])
+    return inputs, None if pairs[0][1] is None else torch.cat([r for _, r in pairs])
 
 
 def grid_forward(model, task: TaskRecord, batch_size: int = 64, progress: bool = True):
-    """The forward passes of one (model, grid) pair: raw input and prompt embeddings."""
+    """The forward passes of one (model, grid) pair: raw input and prompt embeddings and,
+    where the family's edit acts through other rows than z, those regressor rows."""
     check_grid_unchanged(task)
-    inputs = embed_probe_files(model, list(task.probes), batch_size, f"embed {task.name}", progress)
+    inputs, regressors = embed_probe_files_for_edit(model, list(task.probes), batch_size, f"embed {task.name}",
+                                                    progress)
     with timed("forward"):
         prompts = model.embed_prompts(task.prompts)
-    return inputs, prompts
+    return inputs, prompts, regressors
 
 
-def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, prompts: torch.Tensor):
+def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, prompts: torch.Tensor,
+                     regressors: torch.Tensor | None = None):
     """(tensors, meta) of a bank embeddings entry; one definition for every executor."""
-    return ({"inputs": inputs, "prompts": prompts},
+    tensors = {"inputs": inputs, "prompts": prompts}
+    if regressors is not None:
+        tensors["regressors"] = regressors
+    return (tensors,
             {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
              "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint})
 
 
 def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
     inputs, prompts = entry.tensors["inputs"], entry.tensors["prompts"]
-    if inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts):
+    regressors = entry.tensors.get("regressors")
+    if (inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts)
+            or (regressors is not None and regressors.shape[0] != inputs.shape[0])):
         raise BankError(f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
                         "delete the entry and rebuild")
-    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed)
+    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors)
 
 
 def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,23 @@ from .errors import OutputError
 ONNX_OPSET = 18
 
 
+@contextmanager
+def _without_input_asserts():
+    """transformers guards inputs with torch._check asserts (SigLIP2's spatial shapes) that
+    trace into aten._is_all_true, which has no ONNX translation. They validate inputs and
+    compute nothing, so the export leaves them out (transformers' own switch); the graph is
+    checked against torch numerically right after."""
+    previous = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK")
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = previous
+
+
 def export_onnx(tower: OnnxTower, path: Path) -> None:
     """torch.export-based ONNX export (torch's default), one file, dynamic axes as named."""
     dims: dict[str, torch.export.Dim] = {}
@@ -30,7 +49,7 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
     }
     dynamic_shapes = {name: dynamic_shapes.get(name) for name in tower.example_inputs}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _without_input_asserts():
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), str(path),

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from targets.base import batch_rows, batch_to
+
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .fsio import staged_directory
@@ -23,7 +25,7 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
                   device: torch.device | None = None) -> dict:
     device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
-    inputs = encoder.load_inputs([p for p, _ in pairs]).to(device)
+    inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)
     labels = torch.tensor([label for _, label in pairs], device=device)
     class_rows = class_embeddings(encoder.embed_prompts(task.prompts), len(task.classes)).float().to(device)
     module = attach_lora(encoder, rank, alpha, seed, device)
@@ -31,7 +33,7 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
 
     def step_loss(_step):
         batch = torch.randint(len(labels), (min(batch_size, len(labels)),), generator=generator).to(device)
-        logits = LOGIT_SCALE * normalise(encoder.embed_with(module, inputs[batch])) @ class_rows.T
+        logits = LOGIT_SCALE * normalise(encoder.embed_with(module, batch_rows(inputs, batch))) @ class_rows.T
         accuracy = (logits.detach().argmax(1) == labels[batch]).float().mean().item()
         return torch.nn.functional.cross_entropy(logits, labels[batch]), {"acc": accuracy}
 

@@ -26,7 +26,7 @@ def operator_record(target_ref: str, task: TaskRecord, descriptor: Entry, ridge:
 
 def timed_factorize(emb: GridEmbeddings) -> GridFactors:
     with timed("solve"):
-        return factorize(emb.inputs, emb.class_rows)
+        return factorize(emb.inputs, emb.class_rows, emb.regressors)
 
 
 def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float):
@@ -34,10 +34,10 @@ def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float):
         return solve_operator(factors, descriptor.tensors["utd"], ridge)
 
 
-def check_operator(entry: Entry, embed_dim: int) -> Entry:
-    if entry.tensors["operator"].shape != (embed_dim, embed_dim):
-        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target "
-                        f"embeds in {embed_dim} dimensions", "delete the entry and rebuild")
+def check_operator(entry: Entry, embed_dim: int, edit_width: int) -> Entry:
+    if entry.tensors["operator"].shape != (embed_dim, edit_width):
+        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target's "
+                        f"edits are {embed_dim} x {edit_width}", "delete the entry and rebuild")
     return entry
 
 
@@ -55,4 +55,4 @@ def ensure_operator(bank: Bank, target_key: str, target, task: TaskRecord, descr
     entry, computed = bank.get_or_compute(
         relpath, lambda: operator_record(target.ref, task, descriptor, ridge, timed_solve(factors, descriptor, ridge)))
     counts["operators_solved"] += computed
-    return check_operator(entry, target.embed_dim)
+    return check_operator(entry, target.embed_dim, target.edit_width)

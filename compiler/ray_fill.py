@@ -60,9 +60,9 @@ def _embed_job(ref: str, finetuned: str | None, base_dir: str, task: TaskRecord,
     return info, result
 
 
-def _factorize_job(inputs, class_rows, threads: int):
+def _factorize_job(inputs, class_rows, regressors, threads: int):
     torch.set_num_threads(threads)
-    return factorize(inputs, class_rows).as_tensors()
+    return factorize(inputs, class_rows, regressors).as_tensors()
 
 
 def _solve_job(factor_tensors, descriptor, ridge: float, threads: int):
@@ -140,7 +140,7 @@ def _target_solves(ray, bank, target_refs, task_names, records, infos, ridge, th
     jobs = []
     for ref, name in missing:
         emb = _embeddings(bank, infos[(ref, None, name)], records[name])
-        jobs.append(factorize_remote.remote(emb.inputs, emb.class_rows, threads))
+        jobs.append(factorize_remote.remote(emb.inputs, emb.class_rows, emb.regressors, threads))
     for (ref, name), tensors in zip(missing, _gather(ray, jobs, "factorize", progress)):
         info, task = infos[(ref, None, name)], records[name]
         rel = bank.factors_rel(info.key, task.grid_hash)
@@ -159,6 +159,6 @@ def _target_solves(ray, bank, target_refs, task_names, records, infos, ridge, th
     operators = _gather(ray, [job for *_, job in solves], "solve", progress)
     for (info, task, descriptor, rel, _), operator in zip(solves, operators):
         entry, computed = bank.get_or_compute(rel, lambda: operator_record(info.ref, task, descriptor, ridge, operator))
-        check_operator(entry, info.embed_dim)
+        check_operator(entry, info.embed_dim, info.edit_width)
         counts["operators_solved"] += computed
     return counts

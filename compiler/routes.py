@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from targets.base import Batch, batch_to
+
 from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
 from .embed import GridEmbeddings, embed_probe_files
@@ -26,8 +28,8 @@ from .lora import default_device
 from .operators import ensure_factors, ensure_operator
 from .options import Options
 from .plan import Plan
-from .solve import GridFactors
-from .verify import embedding_equivalence, linearity, max_abs_difference, require
+from .solve import GridFactors, edited_embeddings, factorize, solve_operator
+from .verify import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
 
 
 @dataclass
@@ -82,8 +84,24 @@ def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> di
             "per_task": per_task}
 
 
+def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings], ridge: float) -> dict | None:
+    """Where the edit acts through other rows than z (a residual pooling head), the paper reads
+    it against the same solve as a d x d operator applied outside the model, which no weight
+    edit of that architecture realizes: its descriptor residual per grid, reported only."""
+    if all(emb.regressors is None for emb in grids.values()):
+        return None
+    factors = {name: factorize(emb.inputs, emb.class_rows) for name, emb in grids.items()}
+    operator = sum(pt.term.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
+                   for pt in plan_.terms)
+    goals = grid_goals(plan_, grids)
+    return {"descriptor_residual": {
+        name: descriptor_residual(edited_embeddings(emb.inputs, None, operator), emb.inputs, emb.class_rows,
+                                  goals[name]) for name, emb in grids.items()},
+        "operator_norm": float(operator.norm())}
+
+
 def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
-                 check_batch: torch.Tensor, run: Run, options: Options) -> Edit:
+                check_batch: Batch, run: Run, options: Options) -> Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
     with run.stage("factorize"):
         factors = {name: ensure_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts)
@@ -99,26 +117,27 @@ def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbed
     with run.stage("fold"):
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
-        diff = embedding_equivalence(target.embed_inputs(check_batch), edited.embed_inputs(check_batch), edit)
-        require("torch_max_abs_diff (edited vs (I + A) z)", diff, recipe.verify.equivalence_atol)
+        diff = embedding_equivalence(target.embed_for_edit(check_batch), edited.embed_inputs(check_batch), edit)
+        require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
     # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
-    identity = torch.eye(edit.shape[0], dtype=torch.float64)
-    grid_inputs = {name: emb.inputs.double() @ (identity + edit).T for name, emb in grids.items()}
-    return Edit(edited, grid_inputs, diff, {"linearity": lin, "operator_norm": float(edit.norm())},
-                {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
-                "The image embedding is `(I + A) z`, with `A` the signed sum of the closed-form operators "
-                "below, folded into the last affine layer")
+    grid_inputs = {name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()}
+    report = {"linearity": lin, "operator_norm": float(edit.norm()), "edit_shape": list(edit.shape)}
+    reference = _embedding_operator_reference(plan_, grids, ridge)
+    if reference is not None:
+        report["embedding_operator_reference"] = reference
+    return Edit(edited, grid_inputs, diff, report, {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
+                f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}")
 
 
 def adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
-             check_batch: torch.Tensor, run: Run, options: Options) -> Edit:
+             check_batch: Batch, run: Run, options: Options) -> Edit:
     cfg, device = plan_.recipe.adapter, default_device()
     goals = grid_goals(plan_, grids)
     with run.stage("adapter_inputs"):
         fit_goals = []
         for name, emb in grids.items():
             task = plan_.bank.task(name)
-            fit_goals.append(GridGoal(name, target.load_inputs(list(task.probes)).to(device),
+            fit_goals.append(GridGoal(name, batch_to(target.load_inputs(list(task.probes)), device),
                                       emb.class_rows.float().to(device),
                                       affinity(emb.inputs.double(), emb.class_rows).float().to(device),
                                       goals[name].float().to(device)))

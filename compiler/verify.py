@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .errors import VerifyError
-from .solve import GridFactors, solve_operator
+from .solve import GridFactors, edited_embeddings, solve_operator
 
 LINEARITY_COEFFICIENTS = (1.0, -1.5, 1.0)  # U1 - 1.5 U2 + U3, as in the paper's check
 
@@ -60,12 +60,11 @@ def linearity(factors: GridFactors, descriptors: list[torch.Tensor], ridge: floa
             "max_rel_diff_fp32": relative_difference(combination_fp32, of_combination)}
 
 
-def embedding_equivalence(base_embeddings: torch.Tensor, edited_embeddings: torch.Tensor,
-                          operator: torch.Tensor) -> float:
-    """max |edited(x) - (I + A) z(x)| over the check inputs, the reference in float64."""
-    base = base_embeddings.double()
-    expected = base + base @ operator.double().T
-    return max_abs_difference(edited_embeddings, expected)
+def embedding_equivalence(base: tuple[torch.Tensor, torch.Tensor | None], edited: torch.Tensor,
+                          edit: torch.Tensor) -> float:
+    """max |edited(x) - (z + R E^T)| over the check inputs, the reference computed in float64
+    from the unedited model's (z, R)."""
+    return max_abs_difference(edited, edited_embeddings(*base, edit))
 
 
 def descriptor_residual(edited_inputs: torch.Tensor, pre_inputs: torch.Tensor, class_rows: torch.Tensor,

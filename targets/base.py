@@ -15,6 +15,23 @@ import torch
 from compiler.hashing import tensors_sha256
 
 
+# A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
+# its keys are the input tower's ONNX input names, so a batch feeds the exported graph as it is.
+Batch = dict[str, torch.Tensor]
+
+
+def batch_rows(batch: Batch, index) -> Batch:
+    return {name: tensor[index] for name, tensor in batch.items()}
+
+
+def batch_to(batch: Batch, device) -> Batch:
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def batch_len(batch: Batch) -> int:
+    return len(next(iter(batch.values())))
+
+
 @dataclass(frozen=True)
 class OnnxTower:
     """A tower ready for export: an eval-mode module, example inputs (batch >= 2) in input
@@ -33,13 +50,21 @@ class DualEncoder(Protocol):
     embed_dim: int    # width of the embedding the edit acts on
     library: str      # the library whose format save_native writes, e.g. "transformers"
     pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
+    # The closed-form edit is a matrix E (embed_dim x edit_width) acting through regressor rows
+    # R(x): the edited model embeds z + R E^T exactly. A fold of (I + A) into the last affine
+    # has R = z and E = A; a residual head (SigLIP) has R = [u; 1] and E = [dW2 db2].
+    edit_width: int
+    edit_site: str  # where the edit lives, for the model card, e.g. "`visual_projection`"
 
-    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
+    def load_inputs(self, paths: list[Path]) -> Batch:
         """Read probe files and preprocess them into one model input batch."""
 
-    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
-        """Unnormalised embeddings (n x d) of a preprocessed batch: the vector z = W h + b
-        that an edit (I + A) acts on."""
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        """Unnormalised embeddings z (n x d) of a preprocessed batch."""
+
+    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(z, R) in one forward pass: the embeddings and the regressor rows (n x edit_width)
+        an edit acts through; R is None where it is z itself (stored once)."""
 
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
         """Unnormalised text embeddings (n x d), tokenised the family's own way."""
@@ -53,11 +78,12 @@ class DualEncoder(Protocol):
     def with_adapter(self, adapter_dir: Path) -> "DualEncoder":
         """A copy with a peft adapter merged into its weights."""
 
-    def with_edit(self, operator: torch.Tensor) -> "DualEncoder":
-        """A copy whose embedding is (I + A) z for every input, folded into its weights."""
+    def with_edit(self, edit: torch.Tensor) -> "DualEncoder":
+        """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
 
     def onnx_towers(self) -> list[OnnxTower]:
-        """The towers to export: the input tower (e.g. pixel_values -> image_embeds) first."""
+        """The towers to export: the input tower first, its inputs named as a batch's keys
+        (e.g. pixel_values -> image_embeds)."""
 
     def save_native(self, folder: Path) -> str:
         """Save in the family's own library format; return the scheme that reloads it
@@ -73,7 +99,7 @@ class DualEncoder(Protocol):
     def trainable(self) -> torch.nn.Module:
         """A deep copy of the underlying torch module, for peft to wrap and train."""
 
-    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Unnormalised input embeddings through `module` (a wrapped copy), autograd on."""
 
 

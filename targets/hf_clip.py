@@ -16,7 +16,7 @@ import torch
 from compiler.errors import ModelError
 
 from . import register_hf_family
-from .base import OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, open_images
 
 
 def _pooled(output) -> torch.Tensor:
@@ -49,13 +49,14 @@ class HFClip:
     pipeline_tag = "zero-shot-image-classification"
     # peft needs the regex to match the whole module path; text-tower q/v stay frozen.
     lora_target_modules = r".*vision_model\..*\.(q_proj|v_proj)"
+    edit_site = "the image projection (`visual_projection`) as W' = (I + A) W"
 
     def __init__(self, model, tokenizer, processor, ref: str):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.processor = processor
         self.ref = ref
-        self.embed_dim = model.visual_projection.out_features
+        self.embed_dim = self.edit_width = model.visual_projection.out_features
         self.max_length = model.config.text_config.max_position_embeddings
 
     @classmethod
@@ -78,12 +79,15 @@ class HFClip:
         return cls(model, tokenizer, processor, ref)
 
     # -- embedding ----------------------------------------------------------------------------
-    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
-        return self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]
+    def load_inputs(self, paths: list[Path]) -> Batch:
+        return {"pixel_values": self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]}
 
     @torch.inference_mode()
-    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
-        return _pooled(self.model.get_image_features(pixel_values=batch)).float()
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        return _pooled(self.model.get_image_features(pixel_values=batch["pixel_values"])).float()
+
+    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, None]:
+        return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
     def _tokenize(self, prompts: list[str]):
         return self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
@@ -136,8 +140,8 @@ class HFClip:
     def trainable(self) -> torch.nn.Module:
         return copy.deepcopy(self.model).eval()  # eval: CLIP has no dropout; keeps runs deterministic
 
-    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        return _pooled(module.get_image_features(pixel_values=batch))
+    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
     def with_edit(self, operator: torch.Tensor) -> "HFClip":
         model = copy.deepcopy(self.model)

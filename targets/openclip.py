@@ -18,7 +18,7 @@ import torch
 from compiler.errors import ModelError, ModelNotFound
 
 from . import register_scheme
-from .base import OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, open_images
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
@@ -84,7 +84,8 @@ class OpenClip:
         self.projection_path = next((p for p in PROJECTIONS if _get(model, p) is not None), None)
         if self.projection_path is None:
             raise ModelError(f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})")
-        self.embed_dim = int(config["model_cfg"]["embed_dim"])
+        self.embed_dim = self.edit_width = int(config["model_cfg"]["embed_dim"])
+        self.edit_site = f"the image projection (`{self.projection_path}`) as W' = (I + A) W"
 
     @classmethod
     def load(cls, rest: str, base_dir: Path) -> "OpenClip":
@@ -110,12 +111,15 @@ class OpenClip:
                    f"open_clip:{rest}")
 
     # -- embedding ----------------------------------------------------------------------------
-    def load_inputs(self, paths: list[Path]) -> torch.Tensor:
-        return torch.stack([self.preprocess(image) for image in open_images(paths)])
+    def load_inputs(self, paths: list[Path]) -> Batch:
+        return {"pixel_values": torch.stack([self.preprocess(image) for image in open_images(paths)])}
 
     @torch.inference_mode()
-    def embed_inputs(self, batch: torch.Tensor) -> torch.Tensor:
-        return self.model.encode_image(batch).float()
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        return self.model.encode_image(batch["pixel_values"]).float()
+
+    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, None]:
+        return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
     @torch.inference_mode()
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
@@ -151,8 +155,8 @@ class OpenClip:
         raise ModelError(f"{self.ref}: LoRA on q/v slices of open_clip's fused attention is not supported yet",
                          "fine-tune the source in open_clip and pass the full checkpoint to ptc descriptor add")
 
-    def embed_with(self, module: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        return module.encode_image(batch)
+    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        return module.encode_image(batch["pixel_values"])
 
     def with_edit(self, operator: torch.Tensor) -> "OpenClip":
         model = copy.deepcopy(self.model)

@@ -36,13 +36,15 @@ def test_family_contract(family, tmp_path, world):
     assert isinstance(encoder, targets.DualEncoder)
     probes = list(Bank(world.bank).task("colour").probes)[:5]
     batch = encoder.load_inputs(probes)
-    z = encoder.embed_inputs(batch).double()
-    assert z.shape == (5, encoder.embed_dim)
+    z, regressors = encoder.embed_for_edit(batch)
+    assert z.shape == (5, encoder.embed_dim) and torch.equal(z, encoder.embed_inputs(batch))
+    rows = z if regressors is None else regressors
+    assert rows.shape == (5, encoder.edit_width)
     assert encoder.embed_prompts(["a red thing.", "a photo of a blue circle shape."]).shape == (2, encoder.embed_dim)
-    operator = torch.randn(encoder.embed_dim, encoder.embed_dim, generator=torch.Generator().manual_seed(0),
-                           dtype=torch.float64) * 0.05
-    edited = encoder.with_edit(operator)
-    expected = z @ (torch.eye(encoder.embed_dim, dtype=torch.float64) + operator).T
+    edit = torch.randn(encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0),
+                       dtype=torch.float64) * 0.05
+    edited = encoder.with_edit(edit)
+    expected = z.double() + rows.double() @ edit.T  # the protocol's promise, computed here by hand
     assert (edited.embed_inputs(batch).double() - expected).abs().max() < 1e-5
     assert edited.text_fingerprint() == encoder.text_fingerprint()       # the edit leaves text alone
     assert edited.input_fingerprint() != encoder.input_fingerprint()
@@ -50,7 +52,8 @@ def test_family_contract(family, tmp_path, world):
     reloaded = targets.load(f"{saved}:{tmp_path / 'saved'}")
     assert torch.equal(reloaded.embed_inputs(reloaded.load_inputs(probes)), edited.embed_inputs(batch))
     towers = edited.onnx_towers()
-    assert towers[0].output_name == "image_embeds" and len(next(iter(towers[0].example_inputs.values()))) >= 2
+    assert towers[0].output_name.endswith("_embeds") and len(next(iter(towers[0].example_inputs.values()))) >= 2
+    assert set(towers[0].example_inputs) == set(batch)  # a batch feeds the input tower's graph as it is
     assert encoder.library and encoder.pipeline_tag and "\n" in encoder.load_snippet("model")
 
 
@@ -97,11 +100,11 @@ def test_hf_clip_descriptors_build_into_an_open_clip_target(world, open_clip_mod
     edited = open_clip.create_model(f"local-dir:{out / 'model'}").eval()
     pixels = base.load_inputs(list(bank.task("shape").probes)[:6])
     with torch.no_grad():
-        got = edited.encode_image(pixels).double()
+        got = edited.encode_image(pixels["pixel_values"]).double()
     expected = base.embed_inputs(pixels).double() @ (torch.eye(20, dtype=torch.float64) + operator).T
     assert (got - expected).abs().max() < 1e-5
     session = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
-    assert np.abs(session.run(None, {"pixel_values": pixels.numpy()})[0] - got.numpy()).max() < 1e-5
+    assert np.abs(session.run(None, {"pixel_values": pixels["pixel_values"].numpy()})[0] - got.numpy()).max() < 1e-5
 
 
 def test_open_clip_source_into_an_hf_clip_target(world, open_clip_models, bank_copy, tmp_path):
