@@ -1,15 +1,22 @@
 """The `hf:` scheme: a local checkpoint folder or a model id already in the local Hugging
-Face cache. Never the network; never a pickle (`use_safetensors=True`)."""
+Face cache. Never the network; never a pickle (`use_safetensors=True`). Also the base class
+that the transformers families share."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import os
+from functools import cached_property
 from pathlib import Path
+
+import torch
 
 from compiler.errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
+from .base import fingerprint_tensors
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,3 +85,120 @@ def check(rest: str, base_dir: Path) -> str:
 
 
 register_scheme("hf", load, check)
+
+
+class HFDualEncoder:
+    """What every transformers dual encoder shares: loading from a save_pretrained folder
+    (weights, tokenizer, processor), fingerprints over named parameter prefixes, peft merges
+    and native saves. A family subclass says which model class it loads, which parameters
+    belong to which tower, and how it embeds and folds."""
+
+    model_class: str                 # transformers class name, e.g. "CLIPModel"
+    fingerprint_tag: str             # family tag hashed into fingerprints, e.g. "hf-clip"
+    input_prefixes: tuple[str, ...]  # state-dict prefixes of the input tower
+    text_prefixes: tuple[str, ...]
+    library = "transformers"
+    pipeline_tag = "zero-shot-image-classification"
+
+    def __init__(self, model, tokenizer, processor, ref: str):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.ref = ref
+
+    @classmethod
+    def load(cls, folder: Path, ref: str):
+        import transformers
+        from transformers import AutoTokenizer
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        for needed in ("tokenizer_config.json", "preprocessor_config.json"):
+            if not (folder / needed).is_file():
+                raise ModelError(f"{ref}: {folder} has no {needed}",
+                                 "save the tokenizer and processor next to the weights "
+                                 "(tokenizer.save_pretrained / processor.save_pretrained)")
+        try:
+            model = getattr(transformers, cls.model_class).from_pretrained(folder, local_files_only=True,
+                                                                           use_safetensors=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            processor = cls.load_processor(folder)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ModelError(f"{ref}: cannot load from {folder}: {exc}".split("\n")[0]) from None
+        return cls(model, tokenizer, processor, ref)
+
+    @staticmethod
+    def load_processor(folder: Path):
+        from transformers import AutoImageProcessor
+        return AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+
+    # -- embedding defaults -------------------------------------------------------------------
+    def embed_for_edit(self, batch):
+        return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
+
+    def _tokenize(self, prompts: list[str]):
+        return self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
+
+    # -- identity -----------------------------------------------------------------------------
+    def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.state_dict().items() if k.startswith(prefixes)}
+
+    @cached_property
+    def _input_fp(self) -> str:
+        return fingerprint_tensors(self._params(self.input_prefixes),
+                                   f"{self.fingerprint_tag}|" + self.processor.to_json_string())
+
+    @cached_property
+    def _text_fp(self) -> str:
+        return fingerprint_tensors(self._params(self.text_prefixes),
+                                   f"{self.fingerprint_tag}|" + tokenizer_identity(self.tokenizer))
+
+    def input_fingerprint(self) -> str:
+        return self._input_fp
+
+    def text_fingerprint(self) -> str:
+        return self._text_fp
+
+    # -- edits and saving ---------------------------------------------------------------------
+    def _copy(self, model, ref_suffix: str):
+        return type(self)(model, self.tokenizer, self.processor, self.ref + ref_suffix)
+
+    def with_adapter(self, adapter_dir: Path):
+        from peft import PeftModel
+
+        try:
+            merged = PeftModel.from_pretrained(copy.deepcopy(self.model), adapter_dir).merge_and_unload()
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {self.ref}: {exc}",
+                             "the adapter must have been trained on this base model") from None
+        return self._copy(merged, f"+adapter:{adapter_dir}")
+
+    def trainable(self) -> torch.nn.Module:
+        return copy.deepcopy(self.model).eval()  # eval: no dropout; keeps runs deterministic
+
+    def load_snippet(self, folder: str) -> str:
+        return (f'from transformers import AutoProcessor, {self.model_class}\n'
+                f'model = {self.model_class}.from_pretrained("{folder}")\n'
+                f'processor = AutoProcessor.from_pretrained("{folder}")')
+
+    def save_native(self, folder: Path) -> str:
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        self.processor.save_pretrained(folder)
+        return "hf"
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """What maps a prompt to token ids: the serialised fast tokenizer, or the bytes of a
+    sentencepiece model. The fast tokenizer also records the last call's truncation and
+    padding settings; those are call state, not identity, so they stay out."""
+    vocab_file = getattr(tokenizer, "vocab_file", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None), spec.pop("padding", None)
+        return json.dumps(spec, sort_keys=True)
+    if vocab_file and Path(vocab_file).is_file():
+        return f"{type(tokenizer).__name__}|" + hashlib.sha256(Path(vocab_file).read_bytes()).hexdigest()
+    return f"{type(tokenizer).__name__}|" + json.dumps(tokenizer.get_vocab(), sort_keys=True)

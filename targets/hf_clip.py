@@ -7,16 +7,13 @@ The image embedding is `visual_projection(pooled vision output)`, a bias-free Li
 from __future__ import annotations
 
 import copy
-import json
-from functools import cached_property
 from pathlib import Path
 
 import torch
 
-from compiler.errors import ModelError
-
 from . import register_hf_family
-from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+from .base import Batch, OnnxTower, fold_into_linear, open_images
+from .hf import HFDualEncoder
 
 
 def _pooled(output) -> torch.Tensor:
@@ -42,41 +39,21 @@ class _TextTower(torch.nn.Module):
         return _pooled(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
 
 
-class HFClip:
+class HFClip(HFDualEncoder):
     """A loaded CLIPModel with its tokenizer and image processor."""
 
-    library = "transformers"
-    pipeline_tag = "zero-shot-image-classification"
+    model_class = "CLIPModel"
+    fingerprint_tag = "hf-clip"
+    input_prefixes = ("vision_model.", "visual_projection.")
+    text_prefixes = ("text_model.", "text_projection.")
     # peft needs the regex to match the whole module path; text-tower q/v stay frozen.
     lora_target_modules = r".*vision_model\..*\.(q_proj|v_proj)"
     edit_site = "the image projection (`visual_projection`) as W' = (I + A) W"
 
     def __init__(self, model, tokenizer, processor, ref: str):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.processor = processor
-        self.ref = ref
+        super().__init__(model, tokenizer, processor, ref)
         self.embed_dim = self.edit_width = model.visual_projection.out_features
         self.max_length = model.config.text_config.max_position_embeddings
-
-    @classmethod
-    def load(cls, folder: Path, ref: str) -> "HFClip":
-        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
-        from transformers.utils import logging
-
-        logging.disable_progress_bar()
-        for needed in ("tokenizer_config.json", "preprocessor_config.json"):
-            if not (folder / needed).is_file():
-                raise ModelError(f"{ref}: {folder} has no {needed}",
-                                 "save the tokenizer and image processor next to the weights "
-                                 "(tokenizer.save_pretrained / processor.save_pretrained)")
-        try:
-            model = CLIPModel.from_pretrained(folder, local_files_only=True, use_safetensors=True)
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{ref}: cannot load from {folder}: {exc}") from None
-        return cls(model, tokenizer, processor, ref)
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
@@ -86,60 +63,13 @@ class HFClip:
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
         return _pooled(self.model.get_image_features(pixel_values=batch["pixel_values"])).float()
 
-    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, None]:
-        return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
-
-    def _tokenize(self, prompts: list[str]):
-        return self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
-                              return_tensors="pt")
-
     @torch.inference_mode()
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
         tokens = self._tokenize(prompts)
         return _pooled(self.model.get_text_features(input_ids=tokens["input_ids"],
                                                     attention_mask=tokens["attention_mask"])).float()
 
-    # -- identity -----------------------------------------------------------------------------
-    def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.model.state_dict().items() if k.startswith(prefixes)}
-
-    @cached_property
-    def _input_fp(self) -> str:
-        return fingerprint_tensors(self._params(("vision_model.", "visual_projection.")),
-                                   "hf-clip|" + self.processor.to_json_string())
-
-    @cached_property
-    def _text_fp(self) -> str:
-        # The serialised tokenizer also records the last call's truncation/padding settings;
-        # those are call state, not identity, so they stay out of the hash.
-        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
-        spec.pop("truncation", None), spec.pop("padding", None)
-        return fingerprint_tensors(self._params(("text_model.", "text_projection.")),
-                                   "hf-clip|" + json.dumps(spec, sort_keys=True))
-
-    def input_fingerprint(self) -> str:
-        return self._input_fp
-
-    def text_fingerprint(self) -> str:
-        return self._text_fp
-
     # -- edits --------------------------------------------------------------------------------
-    def _copy(self, model, ref_suffix: str) -> "HFClip":
-        return HFClip(model, self.tokenizer, self.processor, self.ref + ref_suffix)
-
-    def with_adapter(self, adapter_dir: Path) -> "HFClip":
-        from peft import PeftModel
-
-        try:
-            merged = PeftModel.from_pretrained(copy.deepcopy(self.model), adapter_dir).merge_and_unload()
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {self.ref}: {exc}",
-                             "the adapter must have been trained on this base model") from None
-        return self._copy(merged, f"+adapter:{adapter_dir}")
-
-    def trainable(self) -> torch.nn.Module:
-        return copy.deepcopy(self.model).eval()  # eval: CLIP has no dropout; keeps runs deterministic
-
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
@@ -166,17 +96,6 @@ class HFClip:
                       "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
                                       "attention_mask": {0: "batch", 1: "sequence"}}),
         ]
-
-    def load_snippet(self, folder: str) -> str:
-        return (f'from transformers import CLIPModel, CLIPProcessor\n'
-                f'model = CLIPModel.from_pretrained("{folder}")\n'
-                f'processor = CLIPProcessor.from_pretrained("{folder}")')
-
-    def save_native(self, folder: Path) -> str:
-        self.model.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
-        self.processor.save_pretrained(folder)
-        return "hf"
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: int = 2, heads: int = 2,

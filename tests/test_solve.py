@@ -67,3 +67,19 @@ def test_shape_mismatch_is_refused():
     inputs, classes, descriptor = _grid(20, 5, 4)
     with pytest.raises(ValueError, match="does not match the grid"):
         solve_operator(factorize(inputs, classes), descriptor[:, :4], 1.0)
+
+
+@pytest.mark.parametrize("n,p", [(40, 11), (9, 13)])
+def test_regressor_solve_equals_explicit_inverses_and_reproduces_an_edit_in_its_span(n, p):
+    # A residual head: the edit E (d x p) moves z by E r(x); the solve runs on Phi = R / ||z||.
+    m, d = 7, 6
+    inputs, classes, descriptor = _grid(n, m, d, seed=9)
+    regressors = torch.randn(n, p, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    factors = factorize(inputs, classes, regressors)
+    fast = solve_operator(factors, descriptor, 0.3)
+    assert fast.shape == (d, p)
+    assert torch.allclose(fast, solve_dense(inputs, classes, descriptor, 0.3, regressors), rtol=1e-10, atol=1e-12)
+    if n >= p:  # Phi has full column rank: an edit's own first-order descriptor gives it back
+        true_edit = torch.randn(d, p, dtype=torch.float64) * 0.05
+        induced = first_order_descriptor(inputs, classes, true_edit, regressors)
+        assert torch.allclose(solve_operator(factors, induced, ridge=1e-13), true_edit, atol=1e-9)

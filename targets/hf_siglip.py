@@ -1,0 +1,231 @@
+"""transformers `SiglipModel` and `Siglip2Model`: SigLIP and SigLIP2 (NaFlex) checkpoints.
+
+Their image embedding leaves an attention-pooling head through a residual sum,
+
+    z = r + W2 u + b2,    u = act(W1 LN(r) + b1),
+
+with no projection after it, so no d x d operator folds into the weights. The edit goes into
+the head MLP's last affine instead: W2' = W2 + dW2, b2' = b2 + db2 moves z by exactly
+dW2 u + db2 = E [u; 1], so the regressor rows are R = [u; 1] and E = [dW2 db2] (d x (p + 1)),
+solved by the same two-filter formula (see compiler/solve.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from . import register_hf_family
+from .base import Batch, OnnxTower, open_images
+from .hf import HFDualEncoder
+
+
+class _ImageTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        return self.model.get_image_features(**batch).pooler_output
+
+
+class _ImageTowerSiglip(_ImageTower):
+    def forward(self, pixel_values):
+        return super().forward(pixel_values=pixel_values)
+
+
+class _ImageTowerSiglip2(_ImageTower):
+    def forward(self, pixel_values, pixel_attention_mask, spatial_shapes):
+        return super().forward(pixel_values=pixel_values, pixel_attention_mask=pixel_attention_mask,
+                               spatial_shapes=spatial_shapes)
+
+
+class _TextTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
+
+class HFSiglip(HFDualEncoder):
+    """A loaded SiglipModel with its (sentencepiece) tokenizer and image processor."""
+
+    model_class = "SiglipModel"
+    fingerprint_tag = "hf-siglip"
+    input_prefixes = ("vision_model.",)
+    text_prefixes = ("text_model.",)
+    # The encoder's attention; the pooling head's nn.MultiheadAttention has no q_proj/v_proj.
+    lora_target_modules = r".*vision_model\.encoder\..*\.(q_proj|v_proj)"
+    edit_site = ("the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
+                 "b2' = b2 + db2")
+    image_tower = _ImageTowerSiglip
+
+    def __init__(self, model, tokenizer, processor, ref: str):
+        super().__init__(model, tokenizer, processor, ref)
+        head = model.vision_model.head.mlp.fc2
+        self.embed_dim = head.out_features
+        self.edit_width = head.in_features + 1
+        # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
+        self.max_length = model.config.text_config.max_position_embeddings
+
+    # -- embedding ----------------------------------------------------------------------------
+    def load_inputs(self, paths: list[Path]) -> Batch:
+        return {"pixel_values": self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]}
+
+    @torch.inference_mode()
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        return self.model.get_image_features(**batch).pooler_output.float()
+
+    @torch.inference_mode()
+    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        captured = []
+        hook = self.model.vision_model.head.mlp.fc2.register_forward_hook(
+            lambda _module, args, _out: captured.append(args[0]))
+        try:
+            z = self.model.get_image_features(**batch).pooler_output.float()
+        finally:
+            hook.remove()
+        u = captured[0][:, 0].float()  # the head runs on its one probe token
+        return z, torch.cat([u, torch.ones(len(u), 1)], dim=1)
+
+    def _tokenize(self, prompts: list[str]):
+        return self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
+
+    @torch.inference_mode()
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        tokens = self._tokenize(prompts)
+        return self.model.get_text_features(input_ids=tokens["input_ids"],
+                                            attention_mask=tokens["attention_mask"]).pooler_output.float()
+
+    # -- edits --------------------------------------------------------------------------------
+    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        return module.get_image_features(**batch).pooler_output
+
+    def with_edit(self, edit: torch.Tensor) -> "HFSiglip":
+        if tuple(edit.shape) != (self.embed_dim, self.edit_width):
+            raise ValueError(f"head edit is {tuple(edit.shape)}, the head takes {(self.embed_dim, self.edit_width)}")
+        model = copy.deepcopy(self.model)
+        fc2 = model.vision_model.head.mlp.fc2
+        edit = edit.double()
+        fc2.weight.data.copy_((fc2.weight.data.double() + edit[:, :-1]).to(fc2.weight.dtype))
+        fc2.bias.data.copy_((fc2.bias.data.double() + edit[:, -1]).to(fc2.bias.dtype))
+        return self._copy(model, "+edit")
+
+    # -- export -------------------------------------------------------------------------------
+    def example_batch(self) -> Batch:
+        size = self.model.config.vision_config.image_size
+        return {"pixel_values": torch.zeros(2, self.model.config.vision_config.num_channels, size, size)}
+
+    def onnx_towers(self) -> list[OnnxTower]:
+        batch = self.example_batch()
+        tokens = self._tokenize(["a photo of a thing.", "a photo."])
+        return [
+            OnnxTower("vision_model", self.image_tower(self.model).eval(), batch, "image_embeds",
+                      {name: {0: "batch"} for name in batch}),
+            OnnxTower("text_model", _TextTower(self.model).eval(),
+                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
+                      "text_embeds", {"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}}),
+        ]
+
+
+class HFSiglip2(HFSiglip):
+    """A loaded Siglip2Model: NaFlex inputs (patches, their mask and each image's patch grid),
+    a Gemma tokenizer, the same residual pooling head."""
+
+    model_class = "Siglip2Model"
+    fingerprint_tag = "hf-siglip2"
+    image_tower = _ImageTowerSiglip2
+
+    def load_inputs(self, paths: list[Path]) -> Batch:
+        out = self.processor(images=open_images(paths), return_tensors="pt")
+        return {name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+
+    def example_batch(self) -> Batch:
+        # Two different patch grids, so the exported graph keeps spatial_shapes as data.
+        from PIL import Image
+
+        images = [Image.new("RGB", (64, 64)), Image.new("RGB", (96, 48))]
+        out = self.processor(images=images, return_tensors="pt")
+        return {name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+
+
+def _tiny_config(config_class, vocab_size: int, width: int, layers: int, heads: int, max_length: int,
+                 **vision):
+    text = dict(vocab_size=vocab_size, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                num_attention_heads=heads, max_position_embeddings=max_length, projection_size=width,
+                pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    vision = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                  num_attention_heads=heads, **vision)
+    return config_class(text_config=text, vision_config=vision)
+
+
+# A few hundred words of prompt English for the tiny sentencepiece model; byte fallback
+# covers every other string, so any class name tokenises.
+_CORPUS_WORDS = ("a an the photo picture image of this that is with small large big little dark light bright "
+                 "red green blue yellow orange purple white black grey pink brown colour color shape square "
+                 "circle triangle cross ring star stripe dot line thing object sound audio clip recording "
+                 "dog cat bird car plane ship truck horse deer frog").split()
+
+
+def build_tiny(folder: Path, *, width: int = 32, layers: int = 2, heads: int = 2, image_size: int = 32,
+               patch_size: int = 8, seed: int = 0) -> Path:
+    """Save a small random-weight SiglipModel (embedding width = `width`) with a real
+    sentencepiece SiglipTokenizer trained here and a SiglipImageProcessor, all offline."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = torch.Generator().manual_seed(seed)
+    sentences = [" ".join(_CORPUS_WORDS[int(i)] for i in torch.randint(len(_CORPUS_WORDS), (8,), generator=rng))
+                 for _ in range(400)]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=proto, vocab_size=320,
+                                   model_type="unigram", byte_fallback=True, hard_vocab_limit=False,
+                                   character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                   num_threads=1, minloglevel=2)
+    (folder / "spiece.model").write_bytes(proto.getvalue())
+    tokenizer = SiglipTokenizer(vocab_file=str(folder / "spiece.model"), model_max_length=16)
+    torch.manual_seed(seed)
+    model = SiglipModel(_tiny_config(SiglipConfig, len(tokenizer), width, layers, heads, 16,
+                                     image_size=image_size, patch_size=patch_size)).eval()
+    processor = SiglipImageProcessor(size={"height": image_size, "width": image_size})
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def build_tiny2(folder: Path, *, width: int = 32, layers: int = 2, heads: int = 2, patch_size: int = 8,
+                max_num_patches: int = 16, seed: int = 0) -> Path:
+    """Save a small random-weight Siglip2Model with a byte-fallback Gemma-style Siglip2Tokenizer
+    and a NaFlex Siglip2ImageProcessor, all offline."""
+    from transformers import Siglip2Config, Siglip2ImageProcessor, Siglip2Model, Siglip2Tokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4}
+    vocab.update({f"<0x{i:02X}>": 5 + i for i in range(256)})
+    vocab.update({f"\u2581{word}": len(vocab) + i for i, word in enumerate(dict.fromkeys(_CORPUS_WORDS))})
+    tokenizer = Siglip2Tokenizer(vocab=vocab, merges=[], model_max_length=16)
+    torch.manual_seed(seed)
+    model = Siglip2Model(_tiny_config(Siglip2Config, len(vocab), width, layers, heads, 16,
+                                      num_patches=max_num_patches, patch_size=patch_size)).eval()
+    processor = Siglip2ImageProcessor(patch_size=patch_size, max_num_patches=max_num_patches)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+register_hf_family(["siglip"], HFSiglip.load)
+register_hf_family(["siglip2"], HFSiglip2.load)
