@@ -62,6 +62,58 @@ def write_world(root: Path, probes: int = 24, train: int = 16, test: int = 12, s
     return files
 
 
+WAVEFORMS = ("sine", "square", "sawtooth")
+PITCHES = {"low": 220.0, "high": 1320.0}
+AUDIO_TEMPLATES = ("the sound of a {} tone.", "a {} sound.")
+
+
+def synthesise(waveform: str, pitch: str, rng: random.Random, rate: int, seconds: float):
+    """A tone of one waveform near one pitch, with a random detune, level and a little noise."""
+    import numpy as np
+
+    t = np.arange(int(rate * seconds)) / rate
+    phase = (PITCHES[pitch] * 2 ** rng.uniform(-0.25, 0.25) * t + rng.random()) % 1.0
+    wave = {"sine": np.sin(2 * np.pi * phase), "square": np.where(phase < 0.5, 1.0, -1.0),
+            "sawtooth": 2 * phase - 1}[waveform]
+    noise = np.random.default_rng(rng.randrange(2**32)).normal(0, 0.02, len(t))
+    return (rng.uniform(0.2, 0.6) * wave + noise).astype("float32")
+
+
+def write_audio_world(root: Path, probes: int = 12, train: int = 8, test: int = 6, seed: int = 0) -> dict[str, Path]:
+    """The audio counterpart of `write_world`: tasks waveform and pitch over generated tones.
+    Files vary in container (wav, flac), sample rate (16 and 22.05 kHz), channels and length
+    (some longer than a 1 s window), as real probe folders do."""
+    import soundfile
+
+    rng = random.Random(seed)
+    tasks = {"waveform": WAVEFORMS, "pitch": tuple(PITCHES)}
+
+    def write(path: Path, waveform: str, pitch: str) -> None:
+        rate, suffix = rng.choice(((16000, ".wav"), (22050, ".flac")))
+        samples = synthesise(waveform, pitch, rng, rate, rng.uniform(0.4, 1.5))
+        if rng.random() < 0.3:
+            samples = samples[:, None].repeat(2, axis=1)  # stereo
+        path = path.with_suffix(suffix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        soundfile.write(str(path), samples, rate)
+
+    files = {}
+    for task, classes in tasks.items():
+        folder = root / task
+        for i in range(probes):
+            write(folder / "probes" / f"{i:04d}", rng.choice(WAVEFORMS), rng.choice(tuple(PITCHES)))
+        for split, count in (("train", train), ("test", test)):
+            for label in classes:
+                for i in range(count):
+                    waveform = label if task == "waveform" else rng.choice(WAVEFORMS)
+                    pitch = label if task == "pitch" else rng.choice(tuple(PITCHES))
+                    write(folder / split / label / f"{i:04d}", waveform, pitch)
+        files[task] = folder / "task.yaml"
+        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
+                                               "templates": list(AUDIO_TEMPLATES)}, sort_keys=False))
+    return files
+
+
 def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     """Generate everything under `workdir`, then task add -> finetune -> descriptor add ->
     build -> eval, exactly as a user would run the commands."""

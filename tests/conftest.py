@@ -45,13 +45,26 @@ def run_ptc(*args, cwd=None, env=None):
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 
+def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: int) -> dict[str, Path]:
+    """Register each task, fine-tune a LoRA source on its train split, add its descriptor as 'src'."""
+    from compiler.finetune import finetune_lora
+    from compiler.grid import load_task
+    from compiler.sources import add_descriptor
+
+    adapters = {}
+    for name, task_file in tasks.items():
+        record, _ = bank.add_task(load_task(task_file))
+        adapters[name] = folder / name
+        finetune_lora(encoder, record, task_file.parent / "train", adapters[name], steps=steps, progress=False)
+        add_descriptor(bank, name, encoder.ref, str(adapters[name]), "src", progress=False)
+    return adapters
+
+
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
     import targets
     from compiler.bank import Bank
     from compiler.demo import write_world
-    from compiler.finetune import finetune_lora
-    from compiler.grid import load_task
     from compiler.sources import add_descriptor
     from targets.hf_clip import build_tiny
 
@@ -61,16 +74,34 @@ def world(tmp_path_factory) -> World:
     target = build_tiny(root / "models" / "target", width=48, embed_dim=24, seed=2)
     bank = Bank(root / "bank")
     encoder = targets.load(f"hf:{source}")
-    adapters = {}
-    for name, task_file in tasks.items():
-        record, _ = bank.add_task(load_task(task_file))
-        adapters[name] = root / "adapters" / name
-        finetune_lora(encoder, record, task_file.parent / "train", adapters[name], steps=12, progress=False)
-        add_descriptor(bank, name, f"hf:{source}", str(adapters[name]), "src", progress=False)
+    adapters = _lora_sources(bank, tasks, encoder, root / "adapters", steps=12)
     full = root / "models" / "source-colour-full"
     encoder.with_adapter(adapters["colour"]).save_native(full)
     add_descriptor(bank, "colour", f"hf:{source}", f"hf:{full}", "full", progress=False)
     return World(root, tasks, source, target, adapters, full, bank.root)
+
+
+@dataclass
+class AudioWorld:
+    tasks: dict[str, Path]        # task name -> task file (waveform, pitch)
+    source: Path                  # tiny CLAP, d = 16, one Swin stage of depth 1 (width 16)
+    adapters: dict[str, Path]     # task -> LoRA adapter on the source's audio tower
+    bank: Path
+
+
+@pytest.fixture(scope="session")
+def audio_world(tmp_path_factory) -> AudioWorld:
+    import targets
+    from compiler.bank import Bank
+    from compiler.demo import write_audio_world
+    from targets.hf_clap import build_tiny
+
+    root = tmp_path_factory.mktemp("audio")
+    tasks = write_audio_world(root / "world")
+    source = build_tiny(root / "models" / "source", embed_dim=16, depths=(1,), seed=1)
+    bank = Bank(root / "bank")
+    adapters = _lora_sources(bank, tasks, targets.load(f"hf:{source}"), root / "adapters", steps=10)
+    return AudioWorld(tasks, source, adapters, bank.root)
 
 
 def write_recipe(path: Path, world: World, terms=None, **overrides) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,9 +16,9 @@ import targets
 from compiler.bank import Bank
 from compiler.embed import model_key
 from conftest import run_ptc, write_recipe
-from targets import hf_clip, openclip
+from targets import hf_clap, hf_clip, hf_siglip, openclip
 
-# family -> (tiny builder, reference scheme for a saved folder); a new family adds one row.
+# family -> (tiny builder, reference scheme for a saved folder[, probe modality]); a new family adds one row.
 FAMILIES = {
     "hf-clip": (lambda folder, seed: hf_clip.build_tiny(folder, width=32, embed_dim=12, seed=seed), "hf:{}"),
     "open_clip-vit": (lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed),
@@ -26,15 +27,26 @@ FAMILIES = {
                         "open_clip:local-dir:{}"),
     "open_clip-resnet": (lambda folder, seed: openclip.build_tiny_resnet(folder, embed_dim=16, seed=seed),
                          "open_clip:local-dir:{}"),
+    "hf-siglip": (lambda folder, seed: hf_siglip.build_tiny(folder, width=40, seed=seed), "hf:{}"),
+    "hf-siglip2": (lambda folder, seed: hf_siglip.build_tiny2(folder, width=36, seed=seed), "hf:{}"),
+    "hf-clap": (lambda folder, seed: hf_clap.build_tiny(folder, embed_dim=20, seed=seed), "hf:{}", "audio"),
 }
 
 
+def test_the_contract_table_covers_every_registered_family():
+    # A family registered without a row here would escape the contract below.
+    hf_rows = {"hf-clip": "clip", "hf-siglip": "siglip", "hf-siglip2": "siglip2", "hf-clap": "clap"}
+    assert sorted(targets.HF_MODEL_TYPES) == sorted(hf_rows.values()) and set(hf_rows) <= set(FAMILIES)
+    assert sorted(targets.SCHEMES) == ["hf", "open_clip"]
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_contract(family, tmp_path, world):
-    build, scheme = FAMILIES[family]
+def test_family_contract(family, tmp_path, request):
+    build, scheme, modality = (*FAMILIES[family], "image")[:3]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
     assert isinstance(encoder, targets.DualEncoder)
-    probes = list(Bank(world.bank).task("colour").probes)[:5]
+    world = request.getfixturevalue("audio_world" if modality == "audio" else "world")
+    probes = list(Bank(world.bank).task("pitch" if modality == "audio" else "colour").probes)[:5]
     batch = encoder.load_inputs(probes)
     z, regressors = encoder.embed_for_edit(batch)
     assert z.shape == (5, encoder.embed_dim) and torch.equal(z, encoder.embed_inputs(batch))
@@ -55,6 +67,24 @@ def test_family_contract(family, tmp_path, world):
     assert towers[0].output_name.endswith("_embeds") and len(next(iter(towers[0].example_inputs.values()))) >= 2
     assert set(towers[0].example_inputs) == set(batch)  # a batch feeds the input tower's graph as it is
     assert encoder.library and encoder.pipeline_tag and "\n" in encoder.load_snippet("model")
+
+
+def _build_verified(recipe) -> dict:
+    """`ptc build` through the CLI; the issue's bounds on the report's own figures."""
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((Path(recipe).parent / "out" / "report.json").read_text())
+    linearity, equivalence = report["verify"]["linearity"], report["verify"]["equivalence"]
+    assert linearity["max_rel_diff_fp64"] <= 1e-12 and linearity["max_rel_diff_fp32"] <= 1e-6
+    assert max(equivalence[k] for k in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff")) <= 1e-5
+    return report
+
+
+def _bank_edit(bank_dir, base, report) -> torch.Tensor:
+    """The signed sum of the operators the build says it used, read back from the bank."""
+    bank, key = Bank(bank_dir), model_key(base)
+    return sum(t["weight"] * bank.read_entry(bank.operator_rel(key, t["grid_hash"], t["descriptor_sha256"], 1.0))
+               .tensors["operator"].double() for t in report["terms"])
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +113,12 @@ def test_hf_clip_descriptors_build_into_an_open_clip_target(world, open_clip_mod
               "resnet": lambda: openclip.build_tiny_resnet(tmp_path / "resnet", embed_dim=20)}[tower]()
     ref = f"open_clip:local-dir:{folder}"
     recipe = write_recipe(tmp_path / "recipe.yaml", world, target=ref, bank=str(bank_copy))
-    result = run_ptc("build", recipe)
-    assert result.returncode == 0, result.stderr
     out = tmp_path / "out"
-    report = json.loads((out / "report.json").read_text())
-    verify = report["verify"]
-    assert verify["linearity"]["max_rel_diff_fp64"] <= 1e-12 and verify["linearity"]["max_rel_diff_fp32"] <= 1e-6
-    assert max(verify["equivalence"][k] for k in ("torch_max_abs_diff", "onnx_max_abs_diff",
-                                                  "reload_max_abs_diff")) <= 1e-5
+    report = _build_verified(recipe)
     assert report["native_ref"] == "open_clip:local-dir:model" and report["embed_dim"] == 20
     # open_clip itself loads the output, and it is the base with (I + A) folded in.
     bank, base = Bank(bank_copy), targets.load(ref)
-    key = model_key(base)
-    operator = sum(t["weight"] * bank.read_entry(bank.operator_rel(key, t["grid_hash"], t["descriptor_sha256"], 1.0))
-                   .tensors["operator"].double() for t in report["terms"])
+    operator = _bank_edit(bank_copy, base, report)
     edited = open_clip.create_model(f"local-dir:{out / 'model'}").eval()
     pixels = base.load_inputs(list(bank.task("shape").probes)[:6])
     with torch.no_grad():
@@ -129,3 +151,111 @@ def test_open_clip_refuses_peft_adapters_with_a_clear_line(world, open_clip_mode
     result = run_ptc("check", write_recipe(bank_copy.parent / "r.yaml", world,
                                            target=f"open_clip:ViT-B-32@{bank_copy.parent / 'none.bin'}"))
     assert result.returncode == 2 and "never unpickles" in result.stderr
+
+
+def _fc2_input(model, batch):
+    """The pooling head's MLP hidden u for each input, read off the raw transformers model."""
+    seen = []
+    hook = model.vision_model.head.mlp.fc2.register_forward_hook(lambda _m, args, _o: seen.append(args[0][:, 0]))
+    with torch.no_grad():
+        z = model.get_image_features(**batch).pooler_output
+    hook.remove()
+    return z.double(), seen[0].double()
+
+
+@pytest.mark.parametrize("family", ["hf-siglip", "hf-siglip2"])
+def test_hf_clip_descriptors_build_into_a_siglip_head(world, bank_copy, tmp_path, family):
+    import transformers
+
+    build, scheme = FAMILIES[family]
+    ref = scheme.format(build(tmp_path / "siglip", seed=5))
+    # SigLIP2's integer patch-grid inputs also go through the float16 conversion.
+    export = {"out": str(tmp_path / "out"), "precision": ["fp32", "fp16"] if family == "hf-siglip2" else ["fp32"]}
+    # Its torch figure: the head edit reproduces z + [u; 1] E^T from cached quantities (paper: 1.2e-7).
+    report = _build_verified(write_recipe(tmp_path / "recipe.yaml", world, target=ref, bank=str(bank_copy),
+                                          export=export))
+    out, verify, base = tmp_path / "out", report["verify"], targets.load(ref)
+    width = base.embed_dim
+    assert report["embed_dim"] == width and report["edit_shape"] == [width, base.edit_width]
+    assert family != "hf-siglip2" or verify["equivalence"]["fp16_min_cosine"] > 0.999
+    reference = report["embedding_operator_reference"]
+    assert set(reference["descriptor_residual"]) == {"colour", "shape"} and reference["operator_norm"] > 0
+    # transformers itself loads the output: fc2 moved by exactly the bank's signed operator sum,
+    # and every image embedding moved by E [u; 1] with u read off the base model here.
+    bank, edit = Bank(bank_copy), _bank_edit(bank_copy, base, report)
+    edited = getattr(transformers, base.model_class).from_pretrained(out / "model").eval()
+    fc2, fc2_base = edited.vision_model.head.mlp.fc2, base.model.vision_model.head.mlp.fc2
+    assert (fc2.weight.double() - fc2_base.weight.double() - edit[:, :-1]).abs().max() < 1e-6
+    assert (fc2.bias.double() - fc2_base.bias.double() - edit[:, -1]).abs().max() < 1e-6
+    batch = base.load_inputs(list(bank.task("shape").probes)[:6])
+    z, u = _fc2_input(base.model, batch)
+    got, _ = _fc2_input(edited, batch)
+    assert (got - z - u @ edit[:, :-1].T - edit[:, -1]).abs().max() < 1e-5
+    session = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
+    onnx_out = session.run(None, {name: tensor.numpy() for name, tensor in batch.items()})[0]
+    assert np.abs(onnx_out - got.numpy()).max() < 1e-5
+
+
+def test_siglip_lora_source_into_an_hf_clip_target(world, bank_copy, tmp_path):
+    from compiler.finetune import finetune_lora
+
+    folder = hf_siglip.build_tiny(tmp_path / "siglip", width=40, seed=7)
+    source = targets.load(f"hf:{folder}")
+    record = Bank(bank_copy).task("colour")
+    stats = finetune_lora(source, record, world.tasks["colour"].parent / "train", tmp_path / "lora",
+                          steps=6, progress=False)
+    assert stats["examples"] > 0
+    result = run_ptc("descriptor", "add", "--task", "colour", "--source", f"hf:{folder}", "--finetuned",
+                     tmp_path / "lora", "--id", "siglip", "--bank", bank_copy)
+    assert result.returncode == 0, result.stderr
+    assert Bank(bank_copy).descriptor("colour", "siglip").tensors["utd"].abs().max() > 1e-6
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy),
+                          terms=[{"task": "colour", "source": "siglip", "weight": 0.5}])
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verify"]["linearity"]["max_rel_diff_fp64"] <= 1e-12
+    assert "embedding_operator_reference" not in report  # CLIP's fold is the d x d operator itself
+
+
+def test_clap_source_into_a_clap_target_of_other_width_and_depth(audio_world, tmp_path):
+    # Audio descriptors live on audio grids, so an audio target's sources are audio models:
+    # here a d = 16, one-stage CLAP into a d = 28, two-stage one (the paper's CLAP variants).
+    import transformers
+
+    folder = hf_clap.build_tiny(tmp_path / "clap", embed_dim=28, patch_width=16, depths=(1, 2), seed=3)
+    ref = f"hf:{folder}"
+    bank = tmp_path / "bank"
+    shutil.copytree(audio_world.bank, bank)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({"target": ref, "bank": str(bank), "export": {"out": str(tmp_path / "out")},
+                                  "terms": [{"task": "pitch", "source": "src", "weight": 0.5},
+                                            {"task": "waveform", "source": "src", "weight": -0.5}]}))
+    out = tmp_path / "out"
+    report = _build_verified(recipe)
+    assert report["operator_norm"] > 0 and report["embed_dim"] == 28
+    assert sorted(report["onnx_files"]) == ["onnx/audio_model.onnx", "onnx/text_model.onnx"]
+    # transformers loads the output; its projection is (I + A) times the base's, computed here
+    # from the raw models on features made by the checkpoint's own feature extractor.
+    base = targets.load(ref)
+    operator = _bank_edit(bank, base, report)
+    edited = transformers.ClapModel.from_pretrained(out / "model").eval()
+    extractor = transformers.AutoFeatureExtractor.from_pretrained(out / "model")
+    clips = [np.sin(np.arange(8000) * f / 16000 * 2 * np.pi).astype(np.float32) for f in (300.0, 900.0, 2000.0)]
+    features = extractor(clips, sampling_rate=16000, return_tensors="pt")["input_features"]
+    with torch.no_grad():
+        project = lambda m: m.audio_projection(m.audio_model(input_features=features).pooler_output).double()  # noqa: E731
+        got, before = project(edited), project(base.model)
+    assert (got - before @ (torch.eye(28, dtype=torch.float64) + operator).T).abs().max() < 1e-5
+    session = ort.InferenceSession(str(out / "onnx" / "audio_model.onnx"), providers=["CPUExecutionProvider"])
+    assert np.abs(session.run(None, {"input_features": features.numpy()})[0] - got.numpy()).max() < 1e-5
+
+
+def test_an_image_target_names_the_audio_probe_it_cannot_read(audio_world, world, tmp_path):
+    bank = tmp_path / "bank"
+    shutil.copytree(audio_world.bank, bank)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank),
+                          terms=[{"task": "pitch", "source": "src", "weight": 0.5}])
+    result = run_ptc("build", recipe)
+    assert result.returncode == 2 and "cannot read as an image" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()

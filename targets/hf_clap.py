@@ -1,0 +1,160 @@
+"""transformers `ClapModel`: LAION CLAP checkpoints (audio <-> text).
+
+The audio embedding is `audio_projection(pooled HTSAT output)`, a two-layer MLP whose last
+Linear has a bias; `z = W h + b` folds an operator exactly as W' = (I + A) W, b' = (I + A) b.
+`get_audio_features` L2-normalises its output; the towers here return the projection before
+that normalisation (as CLIP's do), so the edit acts on z exactly and zero-shot normalises.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compiler.errors import OutputError
+
+from . import register_hf_family
+from .audio import read_audio_files
+from .base import Batch, OnnxTower, fold_into_linear
+from .hf import HFDualEncoder
+
+
+def _audio_embedding(model, batch: Batch) -> torch.Tensor:
+    return model.audio_projection(model.audio_model(**batch).pooler_output)
+
+
+def _text_embedding(model, input_ids, attention_mask) -> torch.Tensor:
+    return model.text_projection(model.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output)
+
+
+class _AudioTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features):
+        return _audio_embedding(self.model, {"input_features": input_features})
+
+
+class _TextTower(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return _text_embedding(self.model, input_ids, attention_mask)
+
+
+class HFClap(HFDualEncoder):
+    """A loaded ClapModel with its (RoBERTa) tokenizer and CLAP feature extractor."""
+
+    model_class = "ClapModel"
+    fingerprint_tag = "hf-clap"
+    input_prefixes = ("audio_model.", "audio_projection.")
+    text_prefixes = ("text_model.", "text_projection.")
+    pipeline_tag = "zero-shot-audio-classification"
+    # HTSAT's windowed attention in the audio encoder; the text tower's stays frozen.
+    lora_target_modules = r".*audio_model\..*\.attention\.self\.(query|value)"
+    edit_site = "the audio projection's last layer (`audio_projection.linear2`) as W' = (I + A) W, b' = (I + A) b"
+
+    def __init__(self, model, tokenizer, processor, ref: str):
+        super().__init__(model, tokenizer, processor, ref)
+        self.embed_dim = self.edit_width = model.audio_projection.linear2.out_features
+        self.fused = bool(model.config.audio_config.enable_fusion)
+        self.max_length = min(tokenizer.model_max_length, model.config.text_config.max_position_embeddings - 2)
+
+    @staticmethod
+    def load_processor(folder: Path):
+        from transformers import AutoFeatureExtractor
+        return AutoFeatureExtractor.from_pretrained(folder, local_files_only=True)
+
+    # -- embedding ----------------------------------------------------------------------------
+    def load_inputs(self, paths: list[Path]) -> Batch:
+        rate = self.processor.sampling_rate
+        waves = read_audio_files(paths, rate, self.processor.nb_max_samples)
+        features = self.processor(waves, sampling_rate=rate, return_tensors="pt")
+        batch = {"input_features": features["input_features"]}
+        if self.fused:  # clips never exceed the window here, so is_longer is all False
+            batch["is_longer"] = features["is_longer"]
+        return batch
+
+    @torch.inference_mode()
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        return _audio_embedding(self.model, batch).float()
+
+    @torch.inference_mode()
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        tokens = self._tokenize(prompts)
+        return _text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float()
+
+    # -- edits --------------------------------------------------------------------------------
+    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        return _audio_embedding(module, batch)
+
+    def with_edit(self, operator: torch.Tensor) -> "HFClap":
+        model = copy.deepcopy(self.model)
+        layer = model.audio_projection.linear2
+        weight, bias = fold_into_linear(layer.weight.data, layer.bias.data, operator)
+        layer.weight.data.copy_(weight)
+        layer.bias.data.copy_(bias)
+        return self._copy(model, "+edit")
+
+    # -- export -------------------------------------------------------------------------------
+    def onnx_towers(self) -> list[OnnxTower]:
+        if self.fused:
+            raise OutputError(f"{self.ref}: a fused CLAP's audio tower picks its branch from is_longer at run "
+                              "time, which torch's ONNX exporter cannot trace",
+                              "export this target with formats: [safetensors]")
+        rate = self.processor.sampling_rate
+        clips = [np.zeros(rate // 2, dtype=np.float32), np.linspace(-0.5, 0.5, rate, dtype=np.float32)]
+        features = self.processor(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
+        tokens = self._tokenize(["the sound of a thing.", "a sound."])
+        return [
+            OnnxTower("audio_model", _AudioTower(self.model).eval(), {"input_features": features},
+                      "audio_embeds", {"input_features": {0: "batch"}}),
+            OnnxTower("text_model", _TextTower(self.model).eval(),
+                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
+                      "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
+                                      "attention_mask": {0: "batch", 1: "sequence"}}),
+        ]
+
+
+def build_tiny(folder: Path, *, embed_dim: int = 24, patch_width: int = 16, depths: tuple[int, ...] = (1, 1),
+               text_width: int = 32, text_layers: int = 2, heads: int = 2, sampling_rate: int = 16000,
+               mel_bins: int = 16, seed: int = 0) -> Path:
+    """Save a small random-weight ClapModel (HTSAT audio tower, RoBERTa text tower) with a
+    byte-level BPE RobertaTokenizer and a ClapFeatureExtractor (1 s window), all offline."""
+    from transformers import ClapConfig, ClapFeatureExtractor, ClapModel, RobertaTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({symbol: 4 + i for i, symbol in enumerate(bytes_to_unicode().values())})
+    vocab["<mask>"] = len(vocab)
+    tokenizer = RobertaTokenizer(vocab=vocab, merges=[], model_max_length=64)
+    # Swin doubles the width at every stage after the first: the pooled width follows.
+    audio_width = patch_width * 2 ** (len(depths) - 1)
+    audio = dict(spec_size=64, num_mel_bins=mel_bins, window_size=4, patch_size=4, patch_stride=(4, 4),
+                 patch_embeds_hidden_size=patch_width, hidden_size=audio_width, depths=list(depths),
+                 num_attention_heads=[heads] * len(depths), projection_dim=embed_dim, enable_fusion=False)
+    text = dict(vocab_size=len(vocab), hidden_size=text_width, intermediate_size=2 * text_width,
+                num_hidden_layers=text_layers, num_attention_heads=heads, max_position_embeddings=66,
+                projection_dim=embed_dim, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = ClapModel(ClapConfig(text_config=text, audio_config=audio, projection_dim=embed_dim)).eval()
+    extractor = ClapFeatureExtractor(feature_size=mel_bins, sampling_rate=sampling_rate,
+                                     hop_length=sampling_rate // 100, max_length_s=1,
+                                     fft_window_size=sampling_rate // 40, frequency_max=sampling_rate // 2,
+                                     truncation="rand_trunc", padding="repeatpad")
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    extractor.save_pretrained(folder)
+    return folder
+
+
+register_hf_family(["clap"], HFClap.load)
