@@ -1,0 +1,195 @@
+"""The zoo's generated image world: scenes of attributes, their captions, and the task files.
+
+A scene is a background pattern, a handwritten digit in one quadrant, and 1-4 copies of one
+coloured shape. Each attribute is a task (zero-shot classification with prompt templates).
+Pretraining sees captions of scenes in the *plain* style; downstream task splits (probes,
+fine-tuning, held-out test) are drawn in a *shifted* style never seen in pretraining (a
+brighter, lower-contrast palette and a thicker stroke), as EuroSAT or GTSRB are a shift for
+web-trained CLIPs: that is what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md).
+
+Everything is a pure function of the seed. Digit images are split once: the first part of
+scikit-learn's bundled digits feeds pretraining and train splits, the last part only the
+held-out test split, so no test digit is ever fitted on.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+SIZE = 32
+SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
+COLOURS = {"red": (215, 45, 45), "green": (45, 175, 70), "blue": (50, 80, 220), "yellow": (230, 210, 50),
+           "purple": (150, 60, 190), "orange": (240, 140, 30), "white": (245, 245, 245)}
+COUNTS = ("one", "two", "three", "four")
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+QUADRANTS = ("top left", "top right", "bottom left", "bottom right")
+BACKGROUNDS = ("plain", "striped", "dotted", "checkered", "gradient")
+TEST_DIGITS = 500  # the last 500 of sklearn's 1,797 digits are held out for test splits
+
+# task -> (attribute values, templates). "background" is the control task: no source is
+# ever fine-tuned on it (the role CIFAR-100 and ImageNet play in the paper).
+TASKS = {
+    "shape": (SHAPES, ("a photo of a {} shape.", "a picture with a {}.")),
+    "colour": (tuple(COLOURS), ("a photo of {} shapes.", "something coloured {}.")),
+    "count": (COUNTS, ("a count of {}.", "{} of the same shape.")),
+    "digit": (DIGITS, ("a handwritten digit {}.", "a photo of the number {}.")),
+    "quadrant": (QUADRANTS, ("a digit in the {} corner.", "something at the {}.")),
+    "background": (BACKGROUNDS, ("a photo on a {} background.", "a {} pattern behind.")),
+}
+CONTROL_TASKS = ("background",)
+
+
+@dataclass(frozen=True)
+class Scene:
+    shape: str
+    colour: str
+    count: str
+    digit: str
+    quadrant: str
+    background: str
+    digit_index: int  # which sklearn digit image draws it
+
+    def value(self, task: str) -> str:
+        return getattr(self, task)
+
+
+def _digit_images():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return digits.images / 16.0, digits.target
+
+
+def sample_scene(rng: random.Random, digit_pool: list[int], targets: np.ndarray, fixed: dict | None = None) -> Scene:
+    """A random scene; `fixed` pins attributes (a labelled split pins its task's class)."""
+    fixed = fixed or {}
+    values = {task: fixed.get(task) or rng.choice(TASKS[task][0]) for task in TASKS}
+    # The digit image must show the digit the scene names.
+    candidates = [i for i in digit_pool if DIGITS[targets[i]] == values["digit"]]
+    return Scene(**values, digit_index=rng.choice(candidates))
+
+
+def _background(kind: str, base: np.ndarray, rng: random.Random) -> np.ndarray:
+    y, x = np.mgrid[0:SIZE, 0:SIZE]
+    period = rng.choice((4, 6, 8))
+    mask = {"plain": np.zeros((SIZE, SIZE)),
+            "striped": ((x + rng.randrange(period)) // (period // 2)) % 2,
+            "dotted": ((x % period < 2) & (y % period < 2)).astype(float),
+            "checkered": ((x // (period // 2) + y // (period // 2)) % 2).astype(float),
+            "gradient": (x + y) / (2 * SIZE - 2)}[kind]
+    return base[None, None, :] * (1 - 0.35 * mask[..., None])
+
+
+def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, shifted: bool) -> np.ndarray:
+    """The scene as a SIZE x SIZE x 3 uint8 array, in the plain or the shifted style."""
+    from PIL import Image, ImageDraw
+
+    grey = rng.uniform(0.25, 0.45) if not shifted else rng.uniform(0.7, 0.85)
+    canvas = _background(scene.background, np.array([grey] * 3) * 255, rng)
+    image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
+    pen = ImageDraw.Draw(image)
+    colour = np.array(COLOURS[scene.colour], dtype=float)
+    if shifted:  # a washed-out palette and thick strokes: a style pretraining never saw
+        colour = 0.55 * colour + 0.45 * 200
+    fill = tuple(int(c + rng.uniform(-15, 15)) for c in colour)
+    width = 2 if shifted else 1
+    # Shapes sit in distinct 8-px cells outside the digit's quadrant: they never overlap
+    # each other or the digit, so count and digit stay readable.
+    row, col = divmod(QUADRANTS.index(scene.quadrant), 2)
+    cells = [(r, c) for r in range(4) for c in range(4) if (r // 2, c // 2) != (row, col)]
+    for r, c in rng.sample(cells, COUNTS.index(scene.count) + 1):
+        extent = rng.randint(5, 7)
+        x, y = c * 8 + rng.randint(0, 7 - extent), r * 8 + rng.randint(0, 7 - extent)
+        _draw_shape(pen, scene.shape, (x, y, x + extent, y + extent), fill, width)
+    pixels = np.asarray(image, dtype=float)
+    digit = np.asarray(Image.fromarray((digit_images[scene.digit_index] * 255).astype(np.uint8))
+                       .resize((14, 14), Image.BILINEAR), dtype=float) / 255
+    top, left = 2 + row * 16, 2 + col * 16
+    ink = 0.0 if shifted else 255.0
+    patch = pixels[top:top + 14, left:left + 14]
+    pixels[top:top + 14, left:left + 14] = patch * (1 - digit[..., None]) + ink * digit[..., None]
+    return pixels.clip(0, 255).astype(np.uint8)
+
+
+def _draw_shape(pen, shape: str, box, fill, width: int) -> None:
+    x0, y0, x1, y1 = box
+    cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
+    if shape == "circle":
+        pen.ellipse(box, fill=fill)
+    elif shape == "square":
+        pen.rectangle(box, fill=fill)
+    elif shape == "triangle":
+        pen.polygon([(x0, y1), (x1, y1), (cx, y0)], fill=fill)
+    elif shape == "diamond":
+        pen.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=fill)
+    elif shape == "ring":
+        pen.ellipse(box, outline=fill, width=width + 1)
+    else:  # cross
+        pen.line([(x0, cy), (x1, cy)], fill=fill, width=width + 1)
+        pen.line([(cx, y0), (cx, y1)], fill=fill, width=width + 1)
+
+
+def caption(scene: Scene, rng: random.Random) -> str:
+    """A random partial description: a few attributes in a random order of phrases."""
+    plural = scene.shape + ("es" if scene.shape.endswith("s") else "s")
+    phrases = {"shape": f"{scene.count} {scene.colour} {plural}" if scene.count != "one"
+               else f"one {scene.colour} {scene.shape}",
+               "digit": f"the digit {scene.digit} at the {scene.quadrant}",
+               "background": f"on a {scene.background} background"}
+    picked = [p for p in phrases.values() if rng.random() < 0.7] or [rng.choice(list(phrases.values()))]
+    rng.shuffle(picked)
+    return "a photo of " + ", ".join(picked) + "."
+
+
+@dataclass(frozen=True)
+class WorldSize:
+    pretrain: int = 20000   # captioned plain-style images
+    probes: int = 400       # unlabelled shifted-style probes per task
+    train: int = 40         # labelled shifted-style fine-tuning images per class
+    test: int = 60          # held-out labelled images per class, never fitted on
+
+
+def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0) -> dict[str, Path]:
+    """Write the world under `root` and return task name -> task file.
+
+    root/pretrain/{images/*.png, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
+    train/<class>/, test/<class>/}. Written into place file by file; an interrupted call
+    is simply run again (same seed, same bytes)."""
+    import json
+
+    from PIL import Image
+
+    images, targets = _digit_images()
+    fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
+    rng = random.Random(seed)
+
+    def save(scene: Scene, path: Path, shifted: bool) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(render(scene, rng, images, shifted)).save(path)
+
+    lines = []
+    for i in range(size.pretrain):
+        scene = sample_scene(rng, fit_pool, targets)
+        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", shifted=False)
+        lines.append(json.dumps({"image": f"images/{i:06d}.png", "caption": caption(scene, rng)}))
+    if size.pretrain:
+        (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
+    files = {}
+    for task, (classes, templates) in TASKS.items():
+        folder = root / "tasks" / task
+        for i in range(size.probes):
+            save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png", shifted=True)
+        for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
+            for label in classes:
+                for i in range(count):
+                    scene = sample_scene(rng, pool, targets, fixed={task: label})
+                    save(scene, folder / split / label / f"{i:04d}.png", shifted=True)
+        files[task] = folder / "task.yaml"
+        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
+                                               "templates": list(templates)}, sort_keys=False))
+    return files

@@ -1,0 +1,57 @@
+"""The zoo's generated world: deterministic, split-disciplined, and style-shifted downstream."""
+
+import hashlib
+import json
+import random
+
+import numpy as np
+from PIL import Image
+
+from compiler.grid import load_task
+from compiler.labelled import labelled_files
+from compiler.zoo.world import CONTROL_TASKS, DIGITS, TASKS, TEST_DIGITS, WorldSize, _digit_images, sample_scene, write_world
+
+SMALL = WorldSize(pretrain=24, probes=6, train=2, test=2)
+
+
+def _digest(root):
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_world_is_a_pure_function_of_its_seed(tmp_path):
+    write_world(tmp_path / "a", SMALL, seed=3)
+    write_world(tmp_path / "b", SMALL, seed=3)
+    write_world(tmp_path / "c", SMALL, seed=4)
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b") != _digest(tmp_path / "c")
+
+
+def test_task_files_load_with_every_class_labelled_and_a_control_task(tmp_path):
+    files = write_world(tmp_path, SMALL)
+    assert len(files) >= 6 and set(CONTROL_TASKS) < set(files)
+    for name, path in files.items():
+        task = load_task(path)
+        assert task.classes == TASKS[name][0] and len(task.probes) == SMALL.probes
+        for split, count in (("train", SMALL.train), ("test", SMALL.test)):
+            pairs = labelled_files(path.parent / split, task.classes)
+            assert sorted({label for _, label in pairs}) == list(range(len(task.classes)))
+            assert len(pairs) == count * len(task.classes)
+    captions = [json.loads(line) for line in (tmp_path / "pretrain" / "captions.jsonl").read_text().splitlines()]
+    assert len(captions) == SMALL.pretrain and all((tmp_path / "pretrain" / c["image"]).is_file() for c in captions)
+
+
+def test_held_out_digits_never_come_from_the_fitting_pool():
+    images, targets = _digit_images()
+    test_pool = list(range(len(images) - TEST_DIGITS, len(images)))
+    rng = random.Random(0)
+    for digit in DIGITS:
+        scene = sample_scene(rng, test_pool, targets, fixed={"digit": digit})
+        assert scene.digit_index in test_pool and DIGITS[targets[scene.digit_index]] == digit == scene.digit
+
+
+def test_downstream_splits_are_drawn_in_a_style_pretraining_never_saw(tmp_path):
+    write_world(tmp_path, SMALL)
+    brightness = lambda paths: np.mean([np.asarray(Image.open(p), dtype=float).mean() for p in paths])  # noqa: E731
+    plain = brightness(sorted((tmp_path / "pretrain" / "images").glob("*.png")))
+    shifted = brightness(sorted((tmp_path / "tasks" / "shape" / "probes").glob("*.png")))
+    assert shifted > plain + 60  # the shifted backgrounds are far brighter than any pretraining one
