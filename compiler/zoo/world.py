@@ -135,7 +135,13 @@ def _draw_shape(pen, shape: str, box, fill, width: int) -> None:
 
 
 def caption(scene: Scene, rng: random.Random) -> str:
-    """A random partial description: a few attributes in a random order of phrases."""
+    """A random partial description. About 30% name one attribute in a task's own prompt
+    template, as web captions name a class the way zero-shot prompts do; without that the
+    prompts sit outside the text tower's training distribution and their classes collapse.
+    The rest are a few attribute phrases in a random order."""
+    if rng.random() < 0.3:
+        task = rng.choice(tuple(TASKS))
+        return rng.choice(TASKS[task][1]).replace("{}", scene.value(task))
     plural = scene.shape + ("es" if scene.shape.endswith("s") else "s")
     phrases = {"shape": f"{scene.count} {scene.colour} {plural}" if scene.count != "one"
                else f"one {scene.colour} {scene.shape}",
