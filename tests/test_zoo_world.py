@@ -54,4 +54,4 @@ def test_downstream_splits_are_drawn_in_a_style_pretraining_never_saw(tmp_path):
     brightness = lambda paths: np.mean([np.asarray(Image.open(p), dtype=float).mean() for p in paths])  # noqa: E731
     plain = brightness(sorted((tmp_path / "pretrain" / "images").glob("*.png")))
     shifted = brightness(sorted((tmp_path / "tasks" / "shape" / "probes").glob("*.png")))
-    assert shifted > plain + 60  # the shifted backgrounds are far brighter than any pretraining one
+    assert shifted > plain + 40  # the shifted backgrounds are brighter than any pretraining one

@@ -89,7 +89,7 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, shifted: 
     """The scene as a SIZE x SIZE x 3 uint8 array, in the plain or the shifted style."""
     from PIL import Image, ImageDraw
 
-    grey = rng.uniform(0.25, 0.45) if not shifted else rng.uniform(0.7, 0.85)
+    grey = rng.uniform(0.25, 0.45) if not shifted else rng.uniform(0.55, 0.7)
     canvas = _background(scene.background, np.array([grey] * 3) * 255, rng)
     image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
     pen = ImageDraw.Draw(image)
@@ -110,7 +110,7 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, shifted: 
     digit = np.asarray(Image.fromarray((digit_images[scene.digit_index] * 255).astype(np.uint8))
                        .resize((14, 14), Image.BILINEAR), dtype=float) / 255
     top, left = 2 + row * 16, 2 + col * 16
-    ink = 0.0 if shifted else 255.0
+    ink = 255.0  # the shift keeps the digit's polarity: dark ink on bright made quadrant unreadable
     patch = pixels[top:top + 14, left:left + 14]
     pixels[top:top + 14, left:left + 14] = patch * (1 - digit[..., None]) + ink * digit[..., None]
     return pixels.clip(0, 255).astype(np.uint8)
