@@ -21,7 +21,7 @@ def read_audio(path: Path, rate: int, max_samples: int) -> np.ndarray:
 
     try:
         samples, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+    except RuntimeError as exc:  # soundfile.LibsndfileError and its kin
         raise InputError(f"probe {path}: cannot read as audio: {exc}",
                          "remove the file from the probe folder or replace it with a valid wav/flac file") from None
     if len(samples) == 0:
@@ -34,7 +34,3 @@ def read_audio(path: Path, rate: int, max_samples: int) -> np.ndarray:
         step = gcd(int(file_rate), int(rate))
         mono = resample_poly(mono, rate // step, int(file_rate) // step).astype(np.float32)
     return mono[:max_samples]
-
-
-def read_audio_files(paths: list[Path], rate: int, max_samples: int) -> list[np.ndarray]:
-    return [read_audio(Path(p), rate, max_samples) for p in paths]

@@ -118,6 +118,14 @@ def fold_into_linear(weight: torch.Tensor, bias: torch.Tensor | None, operator: 
     return new_weight, new_bias
 
 
+def fold_into_linear_layer(layer: torch.nn.Linear, operator: torch.Tensor) -> None:
+    """`fold_into_linear` written into an nn.Linear in place (call it on a copy)."""
+    weight, bias = fold_into_linear(layer.weight.data, layer.bias, operator)
+    layer.weight.data.copy_(weight)
+    if bias is not None:
+        layer.bias.data.copy_(bias)
+
+
 def open_images(paths: list[Path]):
     """Read image files as RGB PIL images; an unreadable file is one clear error."""
     from PIL import Image, UnidentifiedImageError

@@ -16,7 +16,7 @@ import torch
 from compiler.errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
-from .base import fingerprint_tensors
+from .base import OnnxTower, fingerprint_tensors
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,12 +133,33 @@ class HFDualEncoder:
         return AutoImageProcessor.from_pretrained(folder, local_files_only=True)
 
     # -- embedding defaults -------------------------------------------------------------------
+    # Pad every prompt to max_length (SigLIP, trained on full-context prompts) or to the
+    # longest in the batch; the text ONNX graph's sequence axis is dynamic only in the latter.
+    pad_to_max_length = False
+
     def embed_for_edit(self, batch):
         return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
+    @staticmethod
+    def text_embedding(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Unnormalised text embeddings through `model` (transformers 5: `.pooler_output`)."""
+        return model.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
     def _tokenize(self, prompts: list[str]):
-        return self.tokenizer(prompts, padding=True, truncation=True, max_length=self.max_length,
-                              return_tensors="pt")
+        return self.tokenizer(prompts, padding="max_length" if self.pad_to_max_length else True, truncation=True,
+                              max_length=self.max_length, return_tensors="pt")
+
+    @torch.inference_mode()
+    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
+        tokens = self._tokenize(prompts)
+        return self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float()
+
+    def text_onnx_tower(self, example_prompts: list[str]) -> OnnxTower:
+        tokens = self._tokenize(example_prompts)
+        axes = {0: "batch"} if self.pad_to_max_length else {0: "batch", 1: "sequence"}
+        return OnnxTower("text_model", _TextTower(self.model, self.text_embedding).eval(),
+                         {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
+                         "text_embeds", {"input_ids": axes, "attention_mask": axes})
 
     # -- identity -----------------------------------------------------------------------------
     def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -183,10 +204,20 @@ class HFDualEncoder:
                 f'processor = AutoProcessor.from_pretrained("{folder}")')
 
     def save_native(self, folder: Path) -> str:
+        Path(folder).mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
         self.processor.save_pretrained(folder)
         return "hf"
+
+
+class _TextTower(torch.nn.Module):
+    def __init__(self, model, text_embedding):
+        super().__init__()
+        self.model, self.text_embedding = model, text_embedding
+
+    def forward(self, input_ids, attention_mask):
+        return self.text_embedding(self.model, input_ids, attention_mask)
 
 
 def tokenizer_identity(tokenizer) -> str:

@@ -17,17 +17,13 @@ import torch
 from compiler.errors import OutputError
 
 from . import register_hf_family
-from .audio import read_audio_files
-from .base import Batch, OnnxTower, fold_into_linear
+from .audio import read_audio
+from .base import Batch, OnnxTower, fold_into_linear_layer
 from .hf import HFDualEncoder
 
 
 def _audio_embedding(model, batch: Batch) -> torch.Tensor:
     return model.audio_projection(model.audio_model(**batch).pooler_output)
-
-
-def _text_embedding(model, input_ids, attention_mask) -> torch.Tensor:
-    return model.text_projection(model.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output)
 
 
 class _AudioTower(torch.nn.Module):
@@ -37,15 +33,6 @@ class _AudioTower(torch.nn.Module):
 
     def forward(self, input_features):
         return _audio_embedding(self.model, {"input_features": input_features})
-
-
-class _TextTower(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return _text_embedding(self.model, input_ids, attention_mask)
 
 
 class HFClap(HFDualEncoder):
@@ -67,6 +54,12 @@ class HFClap(HFDualEncoder):
         self.max_length = min(tokenizer.model_max_length, model.config.text_config.max_position_embeddings - 2)
 
     @staticmethod
+    def text_embedding(model, input_ids, attention_mask) -> torch.Tensor:
+        # get_text_features L2-normalises; the projection before it is what CLIP's towers return.
+        return model.text_projection(model.text_model(input_ids=input_ids, attention_mask=attention_mask)
+                                     .pooler_output)
+
+    @staticmethod
     def load_processor(folder: Path):
         from transformers import AutoFeatureExtractor
         return AutoFeatureExtractor.from_pretrained(folder, local_files_only=True)
@@ -74,7 +67,7 @@ class HFClap(HFDualEncoder):
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
         rate = self.processor.sampling_rate
-        waves = read_audio_files(paths, rate, self.processor.nb_max_samples)
+        waves = [read_audio(Path(p), rate, self.processor.nb_max_samples) for p in paths]
         features = self.processor(waves, sampling_rate=rate, return_tensors="pt")
         batch = {"input_features": features["input_features"]}
         if self.fused:  # clips never exceed the window here, so is_longer is all False
@@ -85,21 +78,13 @@ class HFClap(HFDualEncoder):
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
         return _audio_embedding(self.model, batch).float()
 
-    @torch.inference_mode()
-    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
-        tokens = self._tokenize(prompts)
-        return _text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float()
-
     # -- edits --------------------------------------------------------------------------------
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return _audio_embedding(module, batch)
 
     def with_edit(self, operator: torch.Tensor) -> "HFClap":
         model = copy.deepcopy(self.model)
-        layer = model.audio_projection.linear2
-        weight, bias = fold_into_linear(layer.weight.data, layer.bias.data, operator)
-        layer.weight.data.copy_(weight)
-        layer.bias.data.copy_(bias)
+        fold_into_linear_layer(model.audio_projection.linear2, operator)
         return self._copy(model, "+edit")
 
     # -- export -------------------------------------------------------------------------------
@@ -111,15 +96,9 @@ class HFClap(HFDualEncoder):
         rate = self.processor.sampling_rate
         clips = [np.zeros(rate // 2, dtype=np.float32), np.linspace(-0.5, 0.5, rate, dtype=np.float32)]
         features = self.processor(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
-        tokens = self._tokenize(["the sound of a thing.", "a sound."])
-        return [
-            OnnxTower("audio_model", _AudioTower(self.model).eval(), {"input_features": features},
-                      "audio_embeds", {"input_features": {0: "batch"}}),
-            OnnxTower("text_model", _TextTower(self.model).eval(),
-                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
-                      "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
-                                      "attention_mask": {0: "batch", 1: "sequence"}}),
-        ]
+        return [OnnxTower("audio_model", _AudioTower(self.model).eval(), {"input_features": features},
+                          "audio_embeds", {"input_features": {0: "batch"}}),
+                self.text_onnx_tower(["the sound of a thing.", "a sound."])]
 
 
 def build_tiny(folder: Path, *, embed_dim: int = 24, patch_width: int = 16, depths: tuple[int, ...] = (1, 1),
@@ -150,10 +129,7 @@ def build_tiny(folder: Path, *, embed_dim: int = 24, patch_width: int = 16, dept
                                      hop_length=sampling_rate // 100, max_length_s=1,
                                      fft_window_size=sampling_rate // 40, frequency_max=sampling_rate // 2,
                                      truncation="rand_trunc", padding="repeatpad")
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    extractor.save_pretrained(folder)
+    HFClap(model, tokenizer, extractor, ref="tiny").save_native(folder)
     return folder
 
 

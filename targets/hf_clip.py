@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from . import register_hf_family
-from .base import Batch, OnnxTower, fold_into_linear, open_images
+from .base import Batch, OnnxTower, fold_into_linear_layer, open_images
 from .hf import HFDualEncoder
 
 
@@ -28,15 +28,6 @@ class _ImageTower(torch.nn.Module):
 
     def forward(self, pixel_values):
         return _pooled(self.model.get_image_features(pixel_values=pixel_values))
-
-
-class _TextTower(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return _pooled(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
 
 
 class HFClip(HFDualEncoder):
@@ -63,23 +54,13 @@ class HFClip(HFDualEncoder):
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
         return _pooled(self.model.get_image_features(pixel_values=batch["pixel_values"])).float()
 
-    @torch.inference_mode()
-    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
-        tokens = self._tokenize(prompts)
-        return _pooled(self.model.get_text_features(input_ids=tokens["input_ids"],
-                                                    attention_mask=tokens["attention_mask"])).float()
-
     # -- edits --------------------------------------------------------------------------------
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
     def with_edit(self, operator: torch.Tensor) -> "HFClip":
         model = copy.deepcopy(self.model)
-        projection = model.visual_projection
-        weight, bias = fold_into_linear(projection.weight.data, projection.bias, operator)
-        projection.weight.data.copy_(weight)
-        if bias is not None:
-            projection.bias.data.copy_(bias)
+        fold_into_linear_layer(model.visual_projection, operator)
         return self._copy(model, "+edit")
 
     # -- export -------------------------------------------------------------------------------
@@ -87,15 +68,9 @@ class HFClip(HFDualEncoder):
         size = self.model.config.vision_config.image_size
         channels = self.model.config.vision_config.num_channels
         pixels = torch.zeros(2, channels, size, size)
-        tokens = self._tokenize(["a photo of a thing.", "a photo."])
-        return [
-            OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels},
-                      "image_embeds", {"pixel_values": {0: "batch"}}),
-            OnnxTower("text_model", _TextTower(self.model).eval(),
-                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
-                      "text_embeds", {"input_ids": {0: "batch", 1: "sequence"},
-                                      "attention_mask": {0: "batch", 1: "sequence"}}),
-        ]
+        return [OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels},
+                          "image_embeds", {"pixel_values": {0: "batch"}}),
+                self.text_onnx_tower(["a photo of a thing.", "a photo."])]
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: int = 2, heads: int = 2,
@@ -123,10 +98,7 @@ def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: in
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=embed_dim)).eval()
     processor = CLIPImageProcessor(size={"shortest_edge": image_size},
                                    crop_size={"height": image_size, "width": image_size})
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    processor.save_pretrained(folder)
+    HFClip(model, tokenizer, processor, ref="tiny").save_native(folder)
     return folder
 
 

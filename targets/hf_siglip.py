@@ -42,15 +42,6 @@ class _ImageTowerSiglip2(_ImageTower):
                                spatial_shapes=spatial_shapes)
 
 
-class _TextTower(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-
-
 class HFSiglip(HFDualEncoder):
     """A loaded SiglipModel with its (sentencepiece) tokenizer and image processor."""
 
@@ -63,13 +54,14 @@ class HFSiglip(HFDualEncoder):
     edit_site = ("the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
                  "b2' = b2 + db2")
     image_tower = _ImageTowerSiglip
+    # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
+    pad_to_max_length = True
 
     def __init__(self, model, tokenizer, processor, ref: str):
         super().__init__(model, tokenizer, processor, ref)
         head = model.vision_model.head.mlp.fc2
         self.embed_dim = head.out_features
         self.edit_width = head.in_features + 1
-        # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
         self.max_length = model.config.text_config.max_position_embeddings
 
     # -- embedding ----------------------------------------------------------------------------
@@ -92,16 +84,6 @@ class HFSiglip(HFDualEncoder):
         u = captured[0][:, 0].float()  # the head runs on its one probe token
         return z, torch.cat([u, torch.ones(len(u), 1)], dim=1)
 
-    def _tokenize(self, prompts: list[str]):
-        return self.tokenizer(prompts, padding="max_length", truncation=True, max_length=self.max_length,
-                              return_tensors="pt")
-
-    @torch.inference_mode()
-    def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
-        tokens = self._tokenize(prompts)
-        return self.model.get_text_features(input_ids=tokens["input_ids"],
-                                            attention_mask=tokens["attention_mask"]).pooler_output.float()
-
     # -- edits --------------------------------------------------------------------------------
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return module.get_image_features(**batch).pooler_output
@@ -123,14 +105,9 @@ class HFSiglip(HFDualEncoder):
 
     def onnx_towers(self) -> list[OnnxTower]:
         batch = self.example_batch()
-        tokens = self._tokenize(["a photo of a thing.", "a photo."])
-        return [
-            OnnxTower("vision_model", self.image_tower(self.model).eval(), batch, "image_embeds",
-                      {name: {0: "batch"} for name in batch}),
-            OnnxTower("text_model", _TextTower(self.model).eval(),
-                      {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
-                      "text_embeds", {"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}}),
-        ]
+        return [OnnxTower("vision_model", self.image_tower(self.model).eval(), batch, "image_embeds",
+                          {name: {0: "batch"} for name in batch}),
+                self.text_onnx_tower(["a photo of a thing.", "a photo."])]
 
 
 class HFSiglip2(HFSiglip):
@@ -198,9 +175,7 @@ def build_tiny(folder: Path, *, width: int = 32, layers: int = 2, heads: int = 2
     model = SiglipModel(_tiny_config(SiglipConfig, len(tokenizer), width, layers, heads, 16,
                                      image_size=image_size, patch_size=patch_size)).eval()
     processor = SiglipImageProcessor(size={"height": image_size, "width": image_size})
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    processor.save_pretrained(folder)
+    HFSiglip(model, tokenizer, processor, ref="tiny").save_native(folder)
     return folder
 
 
@@ -220,10 +195,7 @@ def build_tiny2(folder: Path, *, width: int = 32, layers: int = 2, heads: int = 
     model = Siglip2Model(_tiny_config(Siglip2Config, len(vocab), width, layers, heads, 16,
                                       num_patches=max_num_patches, patch_size=patch_size)).eval()
     processor = Siglip2ImageProcessor(patch_size=patch_size, max_num_patches=max_num_patches)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    processor.save_pretrained(folder)
+    HFSiglip2(model, tokenizer, processor, ref="tiny").save_native(folder)
     return folder
 
 

@@ -18,7 +18,7 @@ import torch
 from compiler.errors import ModelError, ModelNotFound
 
 from . import register_scheme
-from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, open_images
+from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, open_images
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
@@ -162,10 +162,7 @@ class OpenClip:
         model = copy.deepcopy(self.model)
         target = _get(model, self.projection_path)
         if isinstance(target, torch.nn.Linear):
-            weight, bias = fold_into_linear(target.weight.data, target.bias, operator)
-            target.weight.data.copy_(weight)
-            if bias is not None:
-                target.bias.data.copy_(bias)
+            fold_into_linear_layer(target, operator)
         else:  # a bare (width x d) parameter used as x @ proj: z' = (I + A) z means proj' = proj (I + A)^T
             weight, _ = fold_into_linear(target.data.T, None, operator)
             target.data.copy_(weight.T)
