@@ -20,10 +20,10 @@ def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torc
 
     torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
     extra = {} if alpha is None else {"lora_alpha": alpha}
-    config = LoraConfig(r=rank, lora_dropout=0.0, target_modules=encoder.lora_target_modules, **extra)
+    config = LoraConfig(r=rank, lora_dropout=0.0, **encoder.lora_targets, **extra)
     module = get_peft_model(encoder.trainable(), config).to(device)
     if not any(p.requires_grad for p in module.parameters()):
-        raise ValueError(f"no module of {encoder.ref} matches {encoder.lora_target_modules!r}")
+        raise ValueError(f"no module of {encoder.ref} matches {encoder.lora_targets!r}")
     return module
 
 

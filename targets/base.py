@@ -75,8 +75,8 @@ class DualEncoder(Protocol):
     def text_fingerprint(self) -> str:
         """Hash of everything that maps a prompt to its embedding (weights, tokenizer)."""
 
-    def with_adapter(self, adapter_dir: Path) -> "DualEncoder":
-        """A copy with a peft adapter merged into its weights."""
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> "DualEncoder":
+        """A copy with a peft adapter merged into its weights (at `scale` times its strength)."""
 
     def with_edit(self, edit: torch.Tensor) -> "DualEncoder":
         """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
@@ -92,15 +92,23 @@ class DualEncoder(Protocol):
     def load_snippet(self, folder: str) -> str:
         """Three lines of Python that load a checkpoint saved by save_native from `folder`."""
 
-    # Fine-tuning (sources): peft wraps a copy of the torch module; the family says which
-    # modules are its input tower's attention q and v projections and how to run the copy.
-    lora_target_modules: str  # peft regex over full module paths
+    # Training (sources, the adapter route, the zoo's pretraining): peft or the trainer works
+    # on a copy of the torch module; the family says which of its input tower's parameters a
+    # LoRA adapts (the attention q and v projections where it has them) and how to run a copy.
+    lora_targets: dict  # peft LoraConfig targeting keywords: target_modules and/or target_parameters
+    contrastive_loss: str  # how the family was pre-trained: "softmax" (CLIP) or "sigmoid" (SigLIP)
 
     def trainable(self) -> torch.nn.Module:
-        """A deep copy of the underlying torch module, for peft to wrap and train."""
+        """A deep copy of the underlying torch module, for peft to wrap or a trainer to train."""
 
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        """Unnormalised input embeddings through `module` (a wrapped copy), autograd on."""
+        """Unnormalised input embeddings through `module` (a trained copy), autograd on."""
+
+    def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
+        """Unnormalised text embeddings through `module` (a trained copy), autograd on."""
+
+    def with_module(self, module: torch.nn.Module) -> "DualEncoder":
+        """This encoder with its torch module replaced by `module` (a trained copy)."""
 
 
 def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:
@@ -124,6 +132,28 @@ def fold_into_linear_layer(layer: torch.nn.Linear, operator: torch.Tensor) -> No
     layer.weight.data.copy_(weight)
     if bias is not None:
         layer.bias.data.copy_(bias)
+
+
+def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: float = 1.0) -> torch.nn.Module:
+    """A copy of `model` with the peft adapter in `adapter_dir` merged in at `scale` times its
+    trained strength (1: the fine-tune itself; 0.5: task arithmetic at half strength)."""
+    import copy
+
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    from compiler.errors import ModelError
+
+    try:
+        wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {ref}: {exc}",
+                         "the adapter must have been trained on this base model") from None
+    if scale != 1.0:
+        for layer in wrapped.modules():
+            if isinstance(layer, LoraLayer):
+                layer.scale_layer(scale)
+    return wrapped.merge_and_unload()
 
 
 def open_images(paths: list[Path]):

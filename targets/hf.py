@@ -16,7 +16,7 @@ import torch
 from compiler.errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
-from .base import OnnxTower, fingerprint_tensors
+from .base import OnnxTower, fingerprint_tensors, merge_adapter
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,6 +99,7 @@ class HFDualEncoder:
     text_prefixes: tuple[str, ...]
     library = "transformers"
     pipeline_tag = "zero-shot-image-classification"
+    contrastive_loss = "softmax"
 
     def __init__(self, model, tokenizer, processor, ref: str):
         self.model = model.eval()
@@ -154,6 +155,11 @@ class HFDualEncoder:
         tokens = self._tokenize(prompts)
         return self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float()
 
+    def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
+        tokens = self._tokenize(prompts)
+        return self.text_embedding(module, tokens["input_ids"].to(module.device),
+                                   tokens["attention_mask"].to(module.device))
+
     def text_onnx_tower(self, example_prompts: list[str]) -> OnnxTower:
         tokens = self._tokenize(example_prompts)
         axes = {0: "batch"} if self.pad_to_max_length else {0: "batch", 1: "sequence"}
@@ -185,15 +191,12 @@ class HFDualEncoder:
     def _copy(self, model, ref_suffix: str):
         return type(self)(model, self.tokenizer, self.processor, self.ref + ref_suffix)
 
-    def with_adapter(self, adapter_dir: Path):
-        from peft import PeftModel
+    def with_module(self, module: torch.nn.Module):
+        return self._copy(module.eval(), "+trained")
 
-        try:
-            merged = PeftModel.from_pretrained(copy.deepcopy(self.model), adapter_dir).merge_and_unload()
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {self.ref}: {exc}",
-                             "the adapter must have been trained on this base model") from None
-        return self._copy(merged, f"+adapter:{adapter_dir}")
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0):
+        merged = merge_adapter(self.model, adapter_dir, self.ref, scale)
+        return self._copy(merged, f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else ""))
 
     def trainable(self) -> torch.nn.Module:
         return copy.deepcopy(self.model).eval()  # eval: no dropout; keeps runs deterministic

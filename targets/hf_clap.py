@@ -44,7 +44,7 @@ class HFClap(HFDualEncoder):
     text_prefixes = ("text_model.", "text_projection.")
     pipeline_tag = "zero-shot-audio-classification"
     # HTSAT's windowed attention in the audio encoder; the text tower's stays frozen.
-    lora_target_modules = r".*audio_model\..*\.attention\.self\.(query|value)"
+    lora_targets = {"target_modules": r".*audio_model\..*\.attention\.self\.(query|value)"}
     edit_site = "the audio projection's last layer (`audio_projection.linear2`) as W' = (I + A) W, b' = (I + A) b"
 
     def __init__(self, model, tokenizer, processor, ref: str):

@@ -38,7 +38,7 @@ class HFClip(HFDualEncoder):
     input_prefixes = ("vision_model.", "visual_projection.")
     text_prefixes = ("text_model.", "text_projection.")
     # peft needs the regex to match the whole module path; text-tower q/v stay frozen.
-    lora_target_modules = r".*vision_model\..*\.(q_proj|v_proj)"
+    lora_targets = {"target_modules": r".*vision_model\..*\.(q_proj|v_proj)"}
     edit_site = "the image projection (`visual_projection`) as W' = (I + A) W"
 
     def __init__(self, model, tokenizer, processor, ref: str):

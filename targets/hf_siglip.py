@@ -50,12 +50,13 @@ class HFSiglip(HFDualEncoder):
     input_prefixes = ("vision_model.",)
     text_prefixes = ("text_model.",)
     # The encoder's attention; the pooling head's nn.MultiheadAttention has no q_proj/v_proj.
-    lora_target_modules = r".*vision_model\.encoder\..*\.(q_proj|v_proj)"
+    lora_targets = {"target_modules": r".*vision_model\.encoder\..*\.(q_proj|v_proj)"}
     edit_site = ("the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
                  "b2' = b2 + db2")
     image_tower = _ImageTowerSiglip
     # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
     pad_to_max_length = True
+    contrastive_loss = "sigmoid"
 
     def __init__(self, model, tokenizer, processor, ref: str):
         super().__init__(model, tokenizer, processor, ref)

@@ -18,7 +18,8 @@ import torch
 from compiler.errors import ModelError, ModelNotFound
 
 from . import register_scheme
-from .base import Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, open_images
+from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, merge_adapter,
+                   open_images)
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
@@ -76,7 +77,7 @@ class OpenClip:
 
     library = "open_clip"
     pipeline_tag = "zero-shot-image-classification"
-    lora_target_modules = ""  # see trainable(): fused attention has no separate q/v modules
+    contrastive_loss = "softmax"
 
     def __init__(self, model, config: dict, preprocess, tokenizer, ref: str):
         self.model, self.config, self.ref = model.eval(), config, ref
@@ -86,6 +87,7 @@ class OpenClip:
             raise ModelError(f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})")
         self.embed_dim = self.edit_width = int(config["model_cfg"]["embed_dim"])
         self.edit_site = f"the image projection (`{self.projection_path}`) as W' = (I + A) W"
+        self.lora_targets = _lora_targets(model)
 
     @classmethod
     def load(cls, rest: str, base_dir: Path) -> "OpenClip":
@@ -146,17 +148,22 @@ class OpenClip:
         return self._text_fp
 
     # -- edits --------------------------------------------------------------------------------
-    def with_adapter(self, adapter_dir: Path) -> "OpenClip":
-        raise ModelError(f"{self.ref}: peft adapters are not supported on open_clip towers: their attention "
-                         "packs q, k and v into one in_proj matrix, which peft would adapt whole",
-                         "pass a full fine-tuned checkpoint (open_clip:local-dir:...) as --finetuned")
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> "OpenClip":
+        merged = merge_adapter(self.model, adapter_dir, self.ref, scale)
+        suffix = f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else "")
+        return OpenClip(merged, self.config, self.preprocess, self.tokenizer, self.ref + suffix)
 
     def trainable(self) -> torch.nn.Module:
-        raise ModelError(f"{self.ref}: LoRA on q/v slices of open_clip's fused attention is not supported yet",
-                         "fine-tune the source in open_clip and pass the full checkpoint to ptc descriptor add")
+        return copy.deepcopy(self.model).eval()
+
+    def with_module(self, module: torch.nn.Module) -> "OpenClip":
+        return OpenClip(module.eval(), self.config, self.preprocess, self.tokenizer, self.ref + "+trained")
 
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return module.encode_image(batch["pixel_values"])
+
+    def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
+        return module.encode_text(self.tokenizer(prompts).to(next(module.parameters()).device))
 
     def with_edit(self, operator: torch.Tensor) -> "OpenClip":
         model = copy.deepcopy(self.model)
@@ -192,6 +199,28 @@ class OpenClip:
         save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
         (folder / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True))
         return "open_clip:local-dir"
+
+
+def _lora_targets(model) -> dict:
+    """What a LoRA adapts in this image tower. A ViT's attention is nn.MultiheadAttention with
+    one fused in_proj_weight (q, k and v stacked), so peft adapts that parameter whole: a rank-r
+    update of the in-projection rather than of q and v alone. A ModifiedResNet has attention
+    only in its pooling head, which passes q_proj.weight straight to F.multi_head_attention_forward
+    and so bypasses a peft wrapper (the adapter would train nothing): there the LoRA adapts the
+    last stage's convolutions (their residual branch starts at zero gain: bn3 is zero-initialised).
+    A timm tower with separate q/v projections gets those; EVA's fused qkv goes through F.linear
+    with split biases, which bypasses a wrapper too, so there the LoRA adapts attention's output
+    projection."""
+    names = [name for name, _ in model.named_modules()]
+    if any(name.startswith("visual.transformer.resblocks.") for name in names):
+        return {"target_modules": [], "target_parameters": sorted(
+            f"{name}.in_proj_weight" for name, module in model.named_modules()
+            if name.startswith("visual.transformer.") and isinstance(module, torch.nn.MultiheadAttention))}
+    if any(name.startswith("visual.trunk.") and name.endswith(".attn.q_proj") for name in names):  # timm
+        return {"target_modules": r".*visual\.trunk\..*\.attn\.(q_proj|v_proj)"}
+    if any(name.startswith("visual.trunk.") and name.endswith(".attn.proj") for name in names):
+        return {"target_modules": r".*visual\.trunk\..*\.attn\.proj"}
+    return {"target_modules": r".*visual\.layer4\..*\.conv[123]"}
 
 
 def _get(module, path: str):
