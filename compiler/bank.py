@@ -188,11 +188,19 @@ class Bank:
                                 f"({old.grid_hash[:12]} != {grid[:12]}); its descriptors were made on the old one",
                                 "pass --replace to re-register it, then recompute its descriptors")
         self._ensure()
-        record = {"name": spec.name, "grid_hash": grid, "probes": [str(p) for p in spec.probes],
+        # Probe paths are stored relative to the bank, so a bank committed next to its probes
+        # (the zoo's) reads the same from any checkout; the grid hash pins their bytes anyway.
+        record = {"name": spec.name, "grid_hash": grid, "probes": [self._relative(p) for p in spec.probes],
                   "classes": list(spec.classes), "templates": list(spec.templates),
                   "source_file": str(spec.source_file) if spec.source_file else None}
         write_json_atomic(existing, _sealed(record))
         return self.task(spec.name), True
+
+    def _relative(self, path: Path) -> str:
+        return os.path.relpath(Path(path).resolve(), self.root.resolve())
+
+    def _absolute(self, stored: str) -> Path:
+        return Path(os.path.normpath(self.root.resolve() / stored))  # an absolute `stored` stays as it is
 
     def task(self, name: str) -> TaskRecord:
         self._check_format()
@@ -207,7 +215,7 @@ class Bank:
         if not _seal_intact(record):
             raise BankError(f"bank task record {path} failed its integrity check",
                             "the file was modified or damaged; re-register it with `ptc task add --replace`")
-        return TaskRecord(record["name"], record["grid_hash"], tuple(Path(p) for p in record["probes"]),
+        return TaskRecord(record["name"], record["grid_hash"], tuple(self._absolute(p) for p in record["probes"]),
                           tuple(record["classes"]), tuple(record["templates"]), record.get("source_file"))
 
     # -- descriptors --------------------------------------------------------------------------

@@ -55,3 +55,11 @@ def test_downstream_splits_are_drawn_in_a_style_pretraining_never_saw(tmp_path):
     plain = brightness(sorted((tmp_path / "pretrain" / "images").glob("*.png")))
     shifted = brightness(sorted((tmp_path / "tasks" / "shape" / "probes").glob("*.png")))
     assert shifted > plain + 40  # the shifted backgrounds are brighter than any pretraining one
+
+
+def test_task_splits_are_the_same_with_or_without_a_pretraining_corpus(tmp_path):
+    write_world(tmp_path / "with", SMALL, seed=5)
+    write_world(tmp_path / "without", WorldSize(pretrain=0, probes=SMALL.probes, train=SMALL.train, test=SMALL.test),
+                seed=5)
+    assert not (tmp_path / "without" / "pretrain").exists()
+    assert _digest(tmp_path / "with" / "tasks") == _digest(tmp_path / "without" / "tasks")

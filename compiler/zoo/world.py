@@ -134,12 +134,12 @@ def _draw_shape(pen, shape: str, box, fill, width: int) -> None:
         pen.line([(cx, y0), (cx, y1)], fill=fill, width=width + 1)
 
 
-def caption(scene: Scene, rng: random.Random) -> str:
-    """A random partial description. About 30% name one attribute in a task's own prompt
+def caption(scene: Scene, rng: random.Random, template_share: float = 0.3) -> str:
+    """A random partial description. A `template_share` (30%) name one attribute in a task's own prompt
     template, as web captions name a class the way zero-shot prompts do; without that the
     prompts sit outside the text tower's training distribution and their classes collapse.
     The rest are a few attribute phrases in a random order."""
-    if rng.random() < 0.3:
+    if rng.random() < template_share:
         task = rng.choice(tuple(TASKS))
         return rng.choice(TASKS[task][1]).replace("{}", scene.value(task))
     plural = scene.shape + ("es" if scene.shape.endswith("s") else "s")
@@ -160,34 +160,38 @@ class WorldSize:
     test: int = 60          # held-out labelled images per class, never fitted on
 
 
-def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0) -> dict[str, Path]:
+def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
+                template_share: float = 0.3) -> dict[str, Path]:
     """Write the world under `root` and return task name -> task file.
 
     root/pretrain/{images/*.png, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
     train/<class>/, test/<class>/}. Written into place file by file; an interrupted call
-    is simply run again (same seed, same bytes)."""
+    is simply run again (same seed, same bytes). With `size.pretrain == 0` only the task splits
+    are written, byte for byte those of any larger world with the same seed and split sizes."""
     import json
 
     from PIL import Image
 
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
-    rng = random.Random(seed)
 
     def save(scene: Scene, path: Path, shifted: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(render(scene, rng, images, shifted)).save(path)
 
+    # One random stream per part: the task splits are the same whether or not (and however
+    # large) a pretraining corpus is written, so a committed zoo's splits can be regenerated.
+    rng = random.Random(f"{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):
         scene = sample_scene(rng, fit_pool, targets)
         save(scene, root / "pretrain" / "images" / f"{i:06d}.png", shifted=False)
-        lines.append(json.dumps({"image": f"images/{i:06d}.png", "caption": caption(scene, rng)}))
+        lines.append(json.dumps({"image": f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
     files = {}
     for task, (classes, templates) in TASKS.items():
-        folder = root / "tasks" / task
+        folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
         for i in range(size.probes):
             save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png", shifted=True)
         for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
