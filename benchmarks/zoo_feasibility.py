@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -22,36 +21,18 @@ import targets
 from compiler.descriptor import class_embeddings, normalise
 from compiler.grid import load_task
 from compiler.labelled import labelled_files
+from compiler.zoo.pretrain import PretrainConfig
+from compiler.zoo.pretrain import pretrain as zoo_pretrain
 from compiler.zoo.world import TEST_DIGITS, WorldSize, _digit_images, render, sample_scene, write_world
 from targets.hf_clip import build_tiny
 
 
-def pretrain(encoder, root: Path, steps: int, batch_size: int = 128, lr: float = 1e-3) -> list[float]:
-    """InfoNCE on the world's captions, AdamW with warm-up and cosine decay; returns losses."""
+def pretrain(encoder, root: Path, steps: int, batch_size: int = 128, lr: float = 1e-3):
+    """The zoo's own pretraining loop on the world's captions; returns (trained encoder, figures)."""
     captions = [json.loads(line) for line in (root / "pretrain" / "captions.jsonl").read_text().splitlines()]
-    pixels = encoder.processor(images=[Image.open(root / "pretrain" / c["image"]).convert("RGB") for c in captions],
-                               return_tensors="pt")["pixel_values"]
-    tokens = encoder.tokenizer([c["caption"] for c in captions], padding="max_length", truncation=True,
-                               max_length=encoder.max_length, return_tensors="pt")
-    model = encoder.model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    generator, labels, losses = torch.Generator().manual_seed(0), torch.arange(batch_size), []
-    for _ in range(steps):
-        index = torch.randint(len(captions), (batch_size,), generator=generator)
-        image = normalise(model.get_image_features(pixel_values=pixels[index]).pooler_output)
-        text = normalise(model.get_text_features(input_ids=tokens["input_ids"][index],
-                                                 attention_mask=tokens["attention_mask"][index]).pooler_output)
-        logits = model.logit_scale.exp().clamp(max=100) * image @ text.T
-        loss = (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+    inputs = encoder.load_inputs([root / "pretrain" / c["image"] for c in captions])
+    return zoo_pretrain(encoder, inputs, [c["caption"] for c in captions],
+                        PretrainConfig(steps=steps, batch_size=batch_size, lr=lr))
 
 
 def zero_shot(encoder, files: dict[str, Path], plain_per_class: int = 30) -> dict:
@@ -83,15 +64,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--pretrain", type=int, default=6000, help="captioned pretraining images")
+    parser.add_argument("--template-share", type=float, default=0.3)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--world", type=Path, default=None, help="reuse a world written earlier")
     parser.add_argument("--out", type=Path, default=Path("/tmp/zoo-feasibility"))
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    files = write_world(args.out / "world", WorldSize(pretrain=args.pretrain, probes=50, train=10, test=30))
-    encoder = targets.load(f"hf:{build_tiny(args.out / 'clip', width=64, embed_dim=64, layers=4, heads=4, patch_size=4)}")
+    torch.set_num_threads(args.threads)
+    world = args.world or args.out / "world"
+    if args.world is None:
+        write_world(world, WorldSize(pretrain=args.pretrain, probes=50, train=10, test=30),
+                    template_share=args.template_share)
+    files = {p.parent.name: p for p in sorted((world / "tasks").glob("*/task.yaml"))}
+    encoder = targets.load(f"hf:{build_tiny(args.out / 'clip', width=args.width, embed_dim=64, layers=4, heads=4, patch_size=4)}")
     start = time.perf_counter()
-    losses = pretrain(encoder, args.out / "world", args.steps)
+    encoder, figures = pretrain(encoder, world, args.steps, lr=args.lr)
     result = {"steps": args.steps, "pretrain_images": args.pretrain, "train_seconds": round(time.perf_counter() - start, 1),
-              "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 3), "zero_shot": zero_shot(encoder, files)}
+              "final_loss": round(figures["final_loss"], 3), "zero_shot": zero_shot(encoder, files)}
     print(json.dumps(result, indent=1))
 
 

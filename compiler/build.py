@@ -17,6 +17,7 @@ from targets.base import Batch
 from . import __version__
 from .embed import GridEmbeddings, embed_grid, model_key
 from .errors import OutputError
+from .evaluate import zero_shot_accuracy
 from .export import (export_onnx, fp16_variant, lock_record, min_row_cosine, model_card, output_hashes, run_onnx,
                      stamp_onnx, stamp_safetensors, write_triton_model)
 from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
@@ -106,6 +107,18 @@ def _export_and_verify(plan_: Plan, edited, check_batch: Batch, check_paths: lis
     return figures
 
 
+def _evaluate(plan_: Plan, target, edited, options: Options) -> dict[str, dict]:
+    """Held-out zero-shot accuracy of the target and of the edited model (the one exported)."""
+    term_tasks = {pt.task.name for pt in plan_.terms}
+    figures = {}
+    for task, folder in plan_.evaluations:
+        before = zero_shot_accuracy(target, task, folder, options.batch_size, options.progress)["accuracy"]
+        after = zero_shot_accuracy(edited, task, folder, options.batch_size, options.progress)["accuracy"]
+        figures[task.name] = {"before": before, "after": after, "delta_points": 100 * (after - before),
+                              "role": "term" if task.name in term_tasks else "held out"}
+    return figures
+
+
 def _term_records(plan_: Plan, edit: Edit, residuals: dict[str, float]) -> list[dict]:
     return [{"task": pt.term.task, "source": pt.term.source, "weight": pt.term.weight,
              "grid_hash": pt.task.grid_hash, "descriptor_sha256": pt.descriptor.sha256,
@@ -140,11 +153,13 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
         if recipe.verify.max_descriptor_residual is not None:
             require("descriptor residual", max(residuals.values()), recipe.verify.max_descriptor_residual)
     terms = _term_records(plan_, edit, residuals)
+    with run.stage("evaluate"):
+        evaluation = _evaluate(plan_, target, edit.edited, options)
     target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
                      "text_fingerprint": target.text_fingerprint()}
     lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
                        hashlib.sha256(plan_.recipe_bytes).hexdigest(), recipe.export.model_dump(exclude={"out"}))
-    context = (plan_, target, edit, residuals, terms, target_record, lock, check_paths, run)
+    context = (plan_, target, edit, residuals, terms, evaluation, target_record, lock, check_paths, run)
     if not options.export:  # verified up to the exports; nothing is written
         return _report(*context, NOT_EXPORTED)
     try:
@@ -174,7 +189,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _report(plan_: Plan, target, edit: Edit, residuals, terms, target_record, lock, check_paths,
+def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, target_record, lock, check_paths,
             run: Run, exported: dict) -> dict:
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
@@ -186,7 +201,7 @@ def _report(plan_: Plan, target, edit: Edit, residuals, terms, target_record, lo
     return {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
             "target": target_record, "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
             "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
-            "verify": verify, "cache": dict(run.counts), "timings": dict(run.timings),
+            "verify": verify, "evaluation": evaluation, "cache": dict(run.counts), "timings": dict(run.timings),
             "peak_rss_mb": _peak_rss_mb(), "lock_hash": lock["lock_hash"],
             "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
             "precision": list(recipe.export.precision), "triton_models": exported["triton_models"],

@@ -169,6 +169,9 @@ def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
                f"reload {_fmt(eq['reload_max_abs_diff'])}")
     residuals = ", ".join(f"{k} {v:.3f}" for k, v in report["verify"]["descriptor_residual"].items())
     click.echo(f"descriptor residual ({report['route']}): {residuals}")
+    for task, figures in report["evaluation"].items():
+        click.echo(f"held-out zero-shot {task:<12} {figures['before']:.3f} -> {figures['after']:.3f} "
+                   f"({figures['delta_points']:+.1f} points, {figures['role']})")
     where = f"built {p.out_dir}" if not no_export else "verified (--no-export: nothing written)"
     click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
 
@@ -260,6 +263,75 @@ def bank_verify(bank) -> None:
     click.echo(f"{count} entries checked, {len(problems)} problems in {store.root}")
     if problems:
         sys.exit(2)
+
+
+# -- the offline zoo ------------------------------------------------------------------------------
+@main.group()
+def zoo() -> None:
+    """Build and inspect the offline zoo (models pretrained here on a generated world)."""
+
+
+def _zoo_dir(root: Path | None) -> Path:
+    from targets.zoo import zoo_root
+    return root or zoo_root()
+
+
+@zoo.command("build")
+@click.option("--profile", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository).")
+@click.option("--member", "members", multiple=True, help="Build only these members (repeatable).")
+@handled
+def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
+    """Build the zoo, or continue an interrupted build where it stopped."""
+    from .zoo.build import build_zoo, collapsed, profile_named, quality_rows
+
+    root = _zoo_dir(root)
+    index = build_zoo(root, profile_named(profile), echo=click.echo, members=members or None)
+    for row in quality_rows(index):
+        click.echo(row)
+    broken = collapsed(index)
+    if broken:
+        click.echo(f"warning: class prompts collapsed on {', '.join(broken)}: those tasks cannot be edited "
+                   "on those members", err=True)
+    click.echo(f"zoo ({profile}) at {root}: {len(index['members'])} members")
+
+
+@zoo.command("show")
+@click.option("--root", type=click.Path(path_type=Path), default=None)
+@handled
+def zoo_show(root: Path | None) -> None:
+    """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
+    from .zoo.build import quality_rows, read_index
+
+    root = _zoo_dir(root)
+    index = read_index(root)
+    if not index:
+        raise PtcError(f"no zoo at {root} (looked for {root / 'zoo.json'})", "build one with `ptc zoo build`")
+    for row in quality_rows(index):
+        click.echo(row)
+
+
+@main.command()
+@click.option("--profile", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository; tiny: OUT/zoo-tiny, built if missing).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
+@handled
+def paper(profile: str, root: Path | None, out: Path) -> None:
+    """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
+    from .zoo import paper as harness
+    from .zoo import report
+    from .zoo.build import build_zoo, profile_named, read_index
+
+    root = root or (out / "zoo-tiny" if profile == "tiny" else _zoo_dir(None))
+    if profile == "tiny" or not read_index(root):
+        build_zoo(root, profile_named(profile), echo=click.echo)
+    results = harness.run(root, echo=click.echo)
+    written = report.write(results, out, f"paper-{profile}")
+    for line in report.findings(results):
+        click.echo(line)
+    click.echo(f"written: {', '.join(str(p) for p in written)}")
 
 
 @main.command()

@@ -11,7 +11,7 @@ import targets
 
 from .bank import Bank, Entry, TaskRecord
 from .embed import check_grid_unchanged
-from .errors import BankError, OutputError, PtcError
+from .errors import BankError, OutputError, PtcError, RecipeError
 from .options import Options
 from .recipe import Recipe, Term, load_recipe
 
@@ -32,6 +32,7 @@ class Plan:
     target_location: str
     terms: tuple[PlannedTerm, ...]
     out_dir: Path | None
+    evaluations: tuple[tuple[TaskRecord, Path], ...] = ()  # (task, labelled folder)
 
     @property
     def base_dir(self) -> Path:
@@ -112,4 +113,19 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
         except PtcError as exc:
             raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
     return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
-                _output_dir(recipe, recipe_path, options))
+                _output_dir(recipe, recipe_path, options), _plan_evaluations(recipe, recipe_path, bank))
+
+
+def _plan_evaluations(recipe: Recipe, recipe_path: Path, bank: Bank) -> tuple[tuple[TaskRecord, Path], ...]:
+    planned = []
+    for name, folder in recipe.evaluate.items():
+        try:
+            task = bank.task(name)
+        except PtcError as exc:
+            raise type(exc)(f"{recipe_path}: evaluate.{name}: {exc.message}", exc.hint) from None
+        data = (recipe_path.parent / Path(folder).expanduser()).resolve()
+        if not data.is_dir():
+            raise RecipeError(f"{recipe_path}: evaluate.{name}: {data} is not a folder",
+                              "give a labelled folder DIR/<class name>/<files>, relative to the recipe")
+        planned.append((task, data))
+    return tuple(planned)

@@ -125,6 +125,9 @@ class Recipe(_Strict):
     verify: Verify = Verify()
     export: Export = Export()
     bank: str | None = None
+    # Held-out zero-shot accuracy before and after the edit: task name -> a labelled folder
+    # (DIR/<class>/*, relative to the recipe). Tasks need not be terms (a control task is not).
+    evaluate: dict[str, str] = {}
 
     @pydantic.field_validator("terms", mode="before")
     @classmethod

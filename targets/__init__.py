@@ -54,7 +54,7 @@ def load(ref: str, base_dir: Path = Path(".")) -> DualEncoder:
 
 
 def _register_builtin() -> None:
-    from . import hf, hf_clap, hf_clip, hf_siglip, openclip  # noqa: F401  (each registers itself on import)
+    from . import hf, hf_clap, hf_clip, hf_siglip, openclip, zoo  # noqa: F401  (each registers itself on import)
 
 
 _register_builtin()

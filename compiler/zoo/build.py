@@ -1,0 +1,195 @@
+"""`ptc zoo build`: the world, then per member a pretrained model, its quality report, and a
+fine-tuned source per (task, seed) whose descriptor goes into the zoo's bank.
+
+    ROOT/zoo.json                      index: profile, members (ref, pretraining, quality), sources
+    ROOT/world/                        the generated world (compiler.zoo.world)
+    ROOT/models/NAME/                  a member in its library's native format (zoo:NAME)
+    ROOT/sources/NAME/TASK-sSEED/      a peft adapter: the member fine-tuned on TASK
+    ROOT/bank/                         the zoo's bank: tasks and descriptors NAME-sSEED
+
+Every stage's output is written atomically and a finished stage is never redone, so an
+interrupted build continues where it stopped (in a later session too). zoo.json is rewritten
+after every stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import targets
+
+from ..bank import Bank
+from ..descriptor import class_embeddings, normalise
+from ..errors import InputError
+from ..evaluate import zero_shot_accuracy
+from ..finetune import finetune_lora
+from ..fsio import staged_directory, write_json_atomic
+from ..grid import load_task
+from ..sources import add_descriptor
+from .pretrain import pretrain
+from .profiles import PROFILES, Member, Profile
+from .world import write_world
+
+INDEX = "zoo.json"
+FORMAT = 1
+# A task's class prompts are told apart by a text tower when their mean pairwise cosine stays
+# below this; above it the classes have collapsed and no image-side edit can separate them.
+MAX_PROMPT_COSINE = 0.9
+LOAD_CHUNK = 1000  # pretraining inputs are preprocessed this many files at a time
+
+
+def profile_named(name: str) -> Profile:
+    if name not in PROFILES:
+        raise InputError(f"unknown zoo profile {name!r}", f"profiles: {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def read_index(root: Path) -> dict:
+    path = Path(root) / INDEX
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _builder(member: Member):
+    module, _, function = member.builder.partition(":")
+    return getattr(importlib.import_module(f"targets.{module}"), function)
+
+
+def _task_files(root: Path) -> dict[str, Path]:
+    return {p.parent.name: p for p in sorted((root / "world" / "tasks").glob("*/task.yaml"))}
+
+
+def prompt_separation(encoder, task) -> float:
+    """Mean off-diagonal cosine of a task's class rows (1.0: collapsed, lower: distinct)."""
+    rows = normalise(class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes)))
+    n = len(task.classes)
+    return float(((rows @ rows.T).sum() - n) / (n * (n - 1)))
+
+
+def member_quality(encoder, bank: Bank, files: dict[str, Path], tasks: tuple[str, ...]) -> dict:
+    """Per task: held-out zero-shot accuracy against chance and prompt distinctness."""
+    quality = {}
+    for name in tasks:
+        task = bank.task(name)
+        result = zero_shot_accuracy(encoder, task, files[name].parent / "test", progress=False)
+        cosine = prompt_separation(encoder, task)
+        quality[name] = {"zero_shot": round(result["accuracy"], 4), "chance": round(1 / len(task.classes), 4),
+                         "prompt_cosine": round(cosine, 4), "distinct": cosine <= MAX_PROMPT_COSINE}
+    return quality
+
+
+def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict:
+    """Build the member's initial weights, pretrain them on the world, save natively."""
+    captions = [json.loads(line) for line in (root / "world" / "pretrain" / "captions.jsonl").read_text().splitlines()]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = _builder(member)(Path(scratch) / "init", seed=profile.seed, **member.options)
+        encoder = targets.load(f"{member.scheme}:{folder}")
+    paths = [root / "world" / "pretrain" / c["image"] for c in captions]
+    chunks = [encoder.load_inputs(paths[i:i + LOAD_CHUNK]) for i in range(0, len(paths), LOAD_CHUNK)]
+    inputs = {key: torch.cat([chunk[key] for chunk in chunks]) for key in chunks[0]}
+    config = dataclasses.replace(profile.pretrain, lr=member.pretrain_lr or profile.pretrain.lr)
+    start = time.perf_counter()
+    trained, figures = pretrain(encoder, inputs, [c["caption"] for c in captions], config,
+                                desc=f"pretrain {member.name}")
+    figures["seconds"] = round(time.perf_counter() - start, 1)
+    with staged_directory(root / "models" / member.name, replace=False) as staging:
+        scheme = trained.save_native(staging)
+    echo(f"  {member.name}: pretrained {config.steps} steps in {figures['seconds']:.0f}s, "
+         f"final loss {figures['final_loss']:.3f}")
+    return {"ref": f"{scheme}:models/{member.name}", "builder": member.builder, "options": member.options,
+            "pretrain": figures}
+
+
+def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo) -> None:
+    """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones."""
+    for task_name in profile.source_tasks:
+        task = bank.task(task_name)
+        for seed in profile.seeds:
+            key = f"{task_name}-s{seed}"
+            entry = record.setdefault("sources", {}).setdefault(key, {})
+            adapter = root / "sources" / member.name / key
+            descriptor_id = f"{member.name}-s{seed}"
+            if not (adapter / "adapter_config.json").is_file():
+                stats = finetune_lora(encoder, task, files[task_name].parent / "train", adapter,
+                                      rank=profile.finetune_rank, alpha=2 * profile.finetune_rank,
+                                      steps=profile.finetune_steps, seed=seed, progress=True)
+                entry["finetune"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
+            if descriptor_id not in bank.descriptor_ids(task_name):
+                add_descriptor(bank, task_name, record["ref"], str(adapter.relative_to(root)), descriptor_id,
+                               base_dir=root, progress=False, source=encoder)
+            if "finetuned_zero_shot" not in entry:
+                tuned = encoder.with_adapter(adapter)
+                result = zero_shot_accuracy(tuned, task, files[task_name].parent / "test", progress=False)
+                entry.update(adapter=str(adapter.relative_to(root)), descriptor=descriptor_id,
+                             finetuned_zero_shot=round(result["accuracy"], 4))
+                gain = entry["finetuned_zero_shot"] - record["quality"][task_name]["zero_shot"]
+                echo(f"  {member.name} {key}: fine-tuned {entry['finetuned_zero_shot']:.3f} ({gain:+.3f})")
+
+
+def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
+              members: tuple[str, ...] | None = None) -> dict:
+    """Build (or continue building) the zoo under `root`; returns the index."""
+    root = Path(root)
+    index = read_index(root)
+    if index and index.get("profile") != profile.name:
+        raise InputError(f"{root / INDEX}: this zoo was built with profile {index.get('profile')!r}, "
+                         f"not {profile.name!r}", "build into another folder, or delete this one")
+    index.update({"format": FORMAT, "profile": profile.name, "seed": profile.seed,
+                  "world": {**profile.world.__dict__, "template_share": profile.template_share},
+                  "tasks": list(profile.tasks), "control_tasks": list(profile.control_tasks),
+                  "seeds": list(profile.seeds)})
+    index.setdefault("members", {})
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "world" / "world.json").is_file():
+        echo(f"world: {profile.world.pretrain} captioned images, {len(profile.tasks)} tasks -> {root / 'world'}")
+        write_world(root / "world", profile.world, profile.seed, profile.template_share)
+        write_json_atomic(root / "world" / "world.json", index["world"])
+    files = {name: path for name, path in _task_files(root).items() if name in profile.tasks}
+    bank = Bank(root / "bank")
+    for name in profile.tasks:
+        bank.add_task(load_task(files[name]))
+    for member in profile.members:
+        if members and member.name not in members:
+            continue
+        record = index["members"].get(member.name)
+        if record is None or not (root / "models" / member.name).is_dir():
+            echo(f"member {member.name} ({member.builder})")
+            record = _pretrain_member(member, profile, root, echo)
+            index["members"][member.name] = record
+            write_json_atomic(root / INDEX, index)
+        encoder = targets.load(record["ref"], root)
+        if "quality" not in record:
+            record["quality"] = member_quality(encoder, bank, files, profile.tasks)
+            write_json_atomic(root / INDEX, index)
+        _sources(member, encoder, profile, root, bank, files, record, echo)
+        write_json_atomic(root / INDEX, index)
+    return index
+
+
+def quality_rows(index: dict) -> list[str]:
+    """The zoo's own quality report, one line per (member, task)."""
+    rows = []
+    for name, record in index.get("members", {}).items():
+        for task, q in record.get("quality", {}).items():
+            tuned = [s["finetuned_zero_shot"] for key, s in record.get("sources", {}).items()
+                     if key.startswith(f"{task}-s") and "finetuned_zero_shot" in s]
+            tuned_text = f"fine-tuned {sum(tuned) / len(tuned):.3f}" if tuned else "control"
+            flag = "" if q["distinct"] else "  COLLAPSED"
+            rows.append(f"{name:<8} {task:<11} zero-shot {q['zero_shot']:.3f} (chance {q['chance']:.3f})  "
+                        f"prompt cosine {q['prompt_cosine']:.3f}  {tuned_text}{flag}")
+    return rows
+
+
+def collapsed(index: dict) -> list[str]:
+    """(member/task) pairs whose class prompts the member's text tower cannot tell apart."""
+    return [f"{name}/{task}" for name, record in index.get("members", {}).items()
+            for task, q in record.get("quality", {}).items() if not q["distinct"]]

@@ -1,0 +1,384 @@
+"""`ptc paper`: the paper's experiments on the zoo, scored on held-out test splits only.
+
+Every edit is the bank's closed form: A = solve(target's grid factors, w U) per term, summed
+over terms. Accuracy after an edit is read from the unedited target's cached test embeddings
+as normalise(z + R E^T) against the target's class rows, which is what the folded model
+computes (the build verifies that equivalence to ~1e-6; tests check it here too). Weight-space
+rows merge the target's own LoRA at the given strength and embed the test split again.
+
+Cells: (target, task, source, seed). "Oracle" is the target's own descriptor of the task,
+"cross-model" a descriptor of the same task from another member, "Random-UTD" a Gaussian
+descriptor of the Oracle's norm. Gains and deltas are percentage points of accuracy against
+the target's zero-shot; retention is pooled (sum of cross-model gains over the sum of the
+paired Oracle gains).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+import targets
+
+from ..bank import Bank
+from ..descriptor import class_embeddings, cosine, normalise, task_descriptor
+from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
+from ..labelled import labelled_files
+from ..solve import edited_embeddings, factorize, solve_operator
+from .build import read_index
+
+ALPHA = 0.5                      # the paper's strength for addition
+RIDGE = 1.0                      # the build's default ridge
+NEGATION_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+
+# The paper's figures this harness prints beside its own (../shared/seeds/).
+PAPER = {
+    "addition.retention": "0.74-0.80 (cross-model gain / Oracle gain)",
+    "addition.random_utd_gain": "no gain (structureless descriptors collapse performance)",
+    "agreement.same_task_cosine": 0.473,
+    "agreement.different_task_cosine": 0.227,
+    "negation.lambda_1.removed_delta": -35.22,
+    "negation.lambda_1.control_delta": "-4.55 (CIFAR-100), -6.66 (ImageNet)",
+    "negation.lambda_0.5.removed_delta": -23.04,
+    "negation.lambda_0.5.control_delta": "-1.00 (CIFAR-100), -1.73 (ImageNet)",
+    "linearity.max_rel_diff_fp64": "below 5e-14 (4e-7 at stored fp32)",
+    "oracle_example": "EuroSAT 50.3 -> 90.3 at alpha = 0.5, fine-tune 98.3",
+}
+
+
+@dataclass
+class Split:
+    """A target's held-out test split of one task, embedded once."""
+
+    inputs: torch.Tensor              # n x d, unedited
+    regressors: torch.Tensor | None   # n x p rows an edit acts through (None: the inputs)
+    labels: torch.Tensor
+
+
+@dataclass
+class TargetView:
+    """What one zoo member contributes as a target: test splits, class rows, grid factors."""
+
+    name: str
+    encoder: object
+    tests: dict[str, Split]
+    class_rows: dict[str, torch.Tensor]
+    factors: dict
+    grids: dict
+
+    def accuracy(self, task: str, edit: torch.Tensor | None = None) -> float:
+        split = self.tests[task]
+        z = split.inputs.double() if edit is None else edited_embeddings(split.inputs, split.regressors, edit)
+        return float(((normalise(z) @ self.class_rows[task].T).argmax(dim=1) == split.labels).double().mean())
+
+    def operator(self, task: str, descriptor: torch.Tensor, weight: float, ridge: float = RIDGE) -> torch.Tensor:
+        return solve_operator(self.factors[task], weight * descriptor.double(), ridge)
+
+
+class Zoo:
+    """A built zoo opened for experiments: its index, bank, task files and members."""
+
+    def __init__(self, root: Path, progress: bool = False):
+        self.root = Path(root)
+        self.index = read_index(self.root)
+        if not self.index:
+            raise FileNotFoundError(f"no zoo at {self.root}")
+        self.bank = Bank(self.root / "bank")
+        self.members = list(self.index["members"])
+        self.tasks = list(self.index["tasks"])
+        self.controls = list(self.index["control_tasks"])
+        self.source_tasks = [t for t in self.tasks if t not in self.controls]
+        self.seeds = list(self.index["seeds"])
+        self.progress = progress
+        self._views: dict[str, TargetView] = {}
+
+    def test_dir(self, task: str) -> Path:
+        return self.root / "world" / "tasks" / task / "test"
+
+    def descriptor(self, task: str, member: str, seed: int) -> torch.Tensor:
+        return self.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"].double()
+
+    def adapter(self, member: str, task: str, seed: int) -> Path:
+        return self.root / self.index["members"][member]["sources"][f"{task}-s{seed}"]["adapter"]
+
+    def encoder(self, member: str):
+        return targets.load(self.index["members"][member]["ref"], self.root)
+
+    def split(self, encoder, task: str) -> Split:
+        record = self.bank.task(task)
+        pairs = labelled_files(self.test_dir(task), record.classes)
+        z, r = embed_probe_files_for_edit(encoder, [p for p, _ in pairs], 64, f"test {task}", self.progress)
+        return Split(z, r, torch.tensor([label for _, label in pairs]))
+
+    def view(self, member: str) -> TargetView:
+        if member not in self._views:
+            encoder = self.encoder(member)
+            tests, rows, factors, grids = {}, {}, {}, {}
+            for task in self.tasks:
+                record = self.bank.task(task)
+                grid = embed_grid(encoder, record, self.bank, progress=self.progress)
+                grids[task], rows[task] = grid, grid.class_rows.double()
+                factors[task] = factorize(grid.inputs, grid.class_rows, grid.regressors)
+                tests[task] = self.split(encoder, task)
+            self._views[member] = TargetView(member, encoder, tests, rows, factors, grids)
+        return self._views[member]
+
+
+def _points(after: float, before: float) -> float:
+    return 100.0 * (after - before)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else float("nan")
+
+
+def _spread(values) -> dict:
+    values = list(values)
+    return {"mean": _mean(values), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def _control_delta(view: TargetView, controls: list[str], edit: torch.Tensor) -> float:
+    return _mean(_points(view.accuracy(c, edit), view.accuracy(c)) for c in controls)
+
+
+# -- addition (Table 1, Table 14) -----------------------------------------------------------------
+def addition_cells(zoo: Zoo, seed: int) -> list[dict]:
+    """One row per (target, task, source): gain of the closed form at alpha on that task and
+    the control's delta, with the paired Oracle and Random-UTD figures."""
+    cells = []
+    generator = torch.Generator().manual_seed(1000 + seed)
+    for target in zoo.members:
+        view = zoo.view(target)
+        for task in zoo.source_tasks:
+            base = view.accuracy(task)
+            own = zoo.descriptor(task, target, seed)
+            oracle_edit = view.operator(task, own, ALPHA)
+            noise = torch.randn(own.shape, generator=generator, dtype=torch.float64)
+            random_edit = view.operator(task, noise * (own.norm() / noise.norm()), ALPHA)
+            oracle = _points(view.accuracy(task, oracle_edit), base)
+            random_gain = _points(view.accuracy(task, random_edit), base)
+            for source in zoo.members:
+                if source == target:
+                    continue
+                edit = view.operator(task, zoo.descriptor(task, source, seed), ALPHA)
+                cells.append({"target": target, "task": task, "source": source, "seed": seed,
+                              "zero_shot": 100 * base, "cross_model_gain": _points(view.accuracy(task, edit), base),
+                              "oracle_gain": oracle, "random_utd_gain": random_gain,
+                              "control_delta": _control_delta(view, zoo.controls, edit),
+                              "oracle_control_delta": _control_delta(view, zoo.controls, oracle_edit)})
+    return cells
+
+
+def weight_space_cells(zoo: Zoo, seed: int) -> list[dict]:
+    """Same-model task arithmetic: the target's own LoRA merged at alpha (and at 1, the
+    fine-tune itself), scored on the task and the control."""
+    cells = []
+    for target in zoo.members:
+        view = zoo.view(target)
+        for task in zoo.source_tasks:
+            merged = view.encoder.with_adapter(zoo.adapter(target, task, seed), scale=ALPHA)
+            after = {t: _accuracy_of(zoo, merged, t) for t in [task, *zoo.controls]}
+            cells.append({"target": target, "task": task, "seed": seed,
+                          "gain": _points(after[task], view.accuracy(task)),
+                          "control_delta": _mean(_points(after[c], view.accuracy(c)) for c in zoo.controls)})
+    return cells
+
+
+def _accuracy_of(zoo: Zoo, encoder, task: str) -> float:
+    record = zoo.bank.task(task)
+    rows = class_embeddings(encoder.embed_prompts(record.prompts).double(), len(record.classes))
+    split = zoo.split(encoder, task)
+    return float(((normalise(split.inputs.double()) @ rows.T).argmax(1) == split.labels).double().mean())
+
+
+def retention(cells: list[dict]) -> float:
+    oracle = sum(c["oracle_gain"] for c in cells)
+    return sum(c["cross_model_gain"] for c in cells) / oracle if oracle > 0 else float("nan")
+
+
+def per_task(cells: list[dict], zoo: Zoo) -> dict:
+    rows = {}
+    for task in zoo.source_tasks:
+        mine = [c for c in cells if c["task"] == task]
+        rows[task] = {"cross_model_gain": _mean(c["cross_model_gain"] for c in mine),
+                      "oracle_gain": _mean(c["oracle_gain"] for c in mine),
+                      "retention": retention(mine), "zero_shot": _mean(c["zero_shot"] for c in mine),
+                      "cells": len(mine)}
+    return rows
+
+
+def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
+    """Table 1's two-task addition: tasks A and B from two other members (one each where the
+    zoo has them) onto a target at alpha each, scored on A, B and the control."""
+    cells = []
+    for target in zoo.members:
+        view = zoo.view(target)
+        others = [m for m in zoo.members if m != target]
+        for task_a, task_b in itertools.combinations(zoo.source_tasks, 2):
+            for source_a, source_b in itertools.product(others, others):
+                if source_a == source_b and len(others) > 1:
+                    continue
+                edit = (view.operator(task_a, zoo.descriptor(task_a, source_a, seed), ALPHA)
+                        + view.operator(task_b, zoo.descriptor(task_b, source_b, seed), ALPHA))
+                cells.append({"target": target, "tasks": [task_a, task_b], "sources": [source_a, source_b],
+                              "seed": seed,
+                              "gain_a": _points(view.accuracy(task_a, edit), view.accuracy(task_a)),
+                              "gain_b": _points(view.accuracy(task_b, edit), view.accuracy(task_b)),
+                              "control_delta": _control_delta(view, zoo.controls, edit)})
+    return cells
+
+
+# -- negation (Table 16, Figure 2) ----------------------------------------------------------------
+def negation_sweep(zoo: Zoo, seed: int) -> dict:
+    """Removed-task and control deltas at each lambda, cross-model and Oracle descriptors."""
+    sweep = {}
+    for lam in NEGATION_LAMBDAS:
+        cross, oracle = [], []
+        for target in zoo.members:
+            view = zoo.view(target)
+            for task in zoo.source_tasks:
+                base = view.accuracy(task)
+                for source in zoo.members:
+                    edit = view.operator(task, zoo.descriptor(task, source, seed), -lam)
+                    row = {"removed_delta": _points(view.accuracy(task, edit), base),
+                           "control_delta": _control_delta(view, zoo.controls, edit)}
+                    (oracle if source == target else cross).append(row)
+        sweep[f"lambda_{lam:g}"] = {
+            "lambda": lam,
+            "removed_delta": _mean(r["removed_delta"] for r in cross),
+            "control_delta": _mean(r["control_delta"] for r in cross),
+            "oracle_removed_delta": _mean(r["removed_delta"] for r in oracle),
+            "oracle_control_delta": _mean(r["control_delta"] for r in oracle), "cells": len(cross)}
+    return sweep
+
+
+# -- agreement, linearity, scaling ----------------------------------------------------------------
+def agreement(zoo: Zoo, seed: int) -> dict:
+    """Same task across models (same grid, different members) against different tasks within a
+    model: member m's fine-tune on task k read on task k' 's grid, against m's own descriptor of k'."""
+    same = [cosine(zoo.descriptor(task, a, seed), zoo.descriptor(task, b, seed))
+            for task in zoo.source_tasks for a, b in itertools.combinations(zoo.members, 2)]
+    different = []
+    for member in zoo.members:
+        encoder = zoo.view(member).encoder
+        for task in zoo.source_tasks:
+            tuned = encoder.with_adapter(zoo.adapter(member, task, seed))
+            for other in zoo.source_tasks:
+                if other == task:
+                    continue
+                record = zoo.bank.task(other)
+                grid = zoo.view(member).grids[other]
+                moved = embed_probe_files(tuned, list(record.probes), 64, f"cross-task {task}->{other}", False)
+                crossed = task_descriptor(moved, grid.inputs, grid.class_rows)
+                different.append(cosine(crossed, zoo.descriptor(other, member, seed)))
+    return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
+            "same_task_spread": _spread(same), "different_task_spread": _spread(different)}
+
+
+def linearity(zoo: Zoo, seed: int) -> dict:
+    """Proposition 1: solve(U1 - 1.5 U2 + U3) against the same sum of solved operators."""
+    worst64, worst32 = 0.0, 0.0
+    weights = (1.0, -1.5, 1.0)
+    for target in zoo.members:
+        view = zoo.view(target)
+        for task in zoo.source_tasks:
+            descriptors = [zoo.descriptor(task, m, s) for m in zoo.members for s in zoo.seeds][:3]
+            while len(descriptors) < 3:
+                descriptors.append(descriptors[-1] * 0.5)
+            combined = view.operator(task, sum(w * u for w, u in zip(weights, descriptors)), 1.0)
+            summed = sum(w * view.operator(task, u, 1.0) for w, u in zip(weights, descriptors))
+            worst64 = max(worst64, float((combined - summed).norm() / combined.norm()))
+            stored = sum(w * view.operator(task, u, 1.0).float() for w, u in zip(weights, descriptors))
+            worst32 = max(worst32, float((combined.float() - stored).norm() / combined.float().norm()))
+    return {"max_rel_diff_fp64": worst64, "max_rel_diff_fp32": worst32}
+
+
+def scaling(zoo: Zoo, seed: int) -> dict:
+    """Figure 4: compose J = 1..all source tasks (each from another member, in turn) at 0.5
+    and at 0.5/J; mean gain on the composed tasks and the control's delta."""
+    rows = {}
+    for j in range(1, len(zoo.source_tasks) + 1):
+        for rule, weight in (("fixed", ALPHA), ("per_task", ALPHA / j)):
+            gains, controls = [], []
+            for target in zoo.members:
+                view = zoo.view(target)
+                others = [m for m in zoo.members if m != target]
+                tasks = zoo.source_tasks[:j]
+                edit = sum(view.operator(t, zoo.descriptor(t, others[i % len(others)], seed), weight)
+                           for i, t in enumerate(tasks))
+                gains.append(_mean(_points(view.accuracy(t, edit), view.accuracy(t)) for t in tasks))
+                controls.append(_control_delta(view, zoo.controls, edit))
+            rows.setdefault(str(j), {})[rule] = {"composed_gain": _mean(gains), "control_delta": _mean(controls)}
+    return rows
+
+
+# -- the whole run --------------------------------------------------------------------------------
+def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False) -> dict:
+    zoo = Zoo(root, progress)
+    echo(f"paper: zoo {zoo.index['profile']} at {root}: {len(zoo.members)} members, "
+         f"{len(zoo.source_tasks)} source tasks + control {', '.join(zoo.controls)}, seeds {zoo.seeds}")
+    per_seed, all_cells, weight_space = [], [], []
+    for seed in zoo.seeds:
+        cells = addition_cells(zoo, seed)
+        all_cells += cells
+        ws = weight_space_cells(zoo, seed)
+        weight_space += ws
+        per_seed.append({"seed": seed, "retention": retention(cells),
+                         "cross_model_gain": _mean(c["cross_model_gain"] for c in cells),
+                         "oracle_gain": _mean(c["oracle_gain"] for c in cells),
+                         "random_utd_gain": _mean(c["random_utd_gain"] for c in cells),
+                         "control_delta": _mean(c["control_delta"] for c in cells),
+                         "weight_space_gain": _mean(c["gain"] for c in ws)})
+        echo(f"  seed {seed}: retention {per_seed[-1]['retention']:.3f}, cross-model "
+             f"{per_seed[-1]['cross_model_gain']:+.2f} / Oracle {per_seed[-1]['oracle_gain']:+.2f} points")
+    first = zoo.seeds[0]
+    composed = composition_cells(zoo, first)
+    results = {
+        "profile": zoo.index["profile"], "members": zoo.members, "tasks": zoo.source_tasks,
+        "control_tasks": zoo.controls, "alpha": ALPHA, "ridge": RIDGE,
+        "addition": {"retention": retention(all_cells),
+                     "cross_model_gain": _mean(c["cross_model_gain"] for c in all_cells),
+                     "oracle_gain": _mean(c["oracle_gain"] for c in all_cells),
+                     "random_utd_gain": _mean(c["random_utd_gain"] for c in all_cells),
+                     "control_delta": _mean(c["control_delta"] for c in all_cells),
+                     "oracle_control_delta": _mean(c["oracle_control_delta"] for c in all_cells),
+                     "weight_space_gain": _mean(c["gain"] for c in weight_space),
+                     "weight_space_control_delta": _mean(c["control_delta"] for c in weight_space),
+                     "finetuned_gain": _finetuned_gain(zoo),
+                     "cells": len(all_cells), "per_task": per_task(all_cells, zoo),
+                     "composition": {"gain_a": _mean(c["gain_a"] for c in composed),
+                                     "gain_b": _mean(c["gain_b"] for c in composed),
+                                     "control_delta": _mean(c["control_delta"] for c in composed),
+                                     "cells": len(composed)}},
+        "negation": negation_sweep(zoo, first),
+        "agreement": agreement(zoo, first),
+        "linearity": linearity(zoo, first),
+        "scaling": scaling(zoo, first),
+        "seeds": per_seed,
+        "seed_spread": {key: _spread(s[key] for s in per_seed)
+                        for key in ("retention", "cross_model_gain", "oracle_gain", "random_utd_gain",
+                                    "control_delta")},
+        "zoo_quality": {m: zoo.index["members"][m].get("quality", {}) for m in zoo.members},
+        "paper": PAPER,
+        "cells": all_cells,
+    }
+    return results
+
+
+def _finetuned_gain(zoo: Zoo) -> float:
+    """The sources' own fine-tune gain over zero-shot (the ceiling), mean over (member, task, seed)."""
+    gains = []
+    for member, record in zoo.index["members"].items():
+        for task in zoo.source_tasks:
+            for seed in zoo.seeds:
+                source = record.get("sources", {}).get(f"{task}-s{seed}", {})
+                if "finetuned_zero_shot" in source:
+                    gains.append(100 * (source["finetuned_zero_shot"] - record["quality"][task]["zero_shot"]))
+    return _mean(gains)

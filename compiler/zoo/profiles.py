@@ -1,0 +1,82 @@
+"""What a zoo is made of: the world's size, the members (each a tiny model built from a config
+by its family's builder, then pretrained on the world), and how sources are fine-tuned.
+
+`full` is the release zoo (committed under zoo/ at the repository root); `tiny` builds in a
+minute or two and is what the tests use. Members are named by their builder (a dotted path
+into targets/), so this table never needs to know a family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .pretrain import PretrainConfig
+from .world import CONTROL_TASKS, TASKS, WorldSize
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str          # the zoo:NAME it is loaded as
+    scheme: str        # how the builder's folder is loaded: "hf" or "open_clip:local-dir"
+    builder: str       # "module:function" under targets/, called as builder(folder, seed=, **options)
+    options: dict = field(default_factory=dict)
+    pretrain_lr: float | None = None  # None: the profile's
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    world: WorldSize
+    members: tuple[Member, ...]
+    pretrain: PretrainConfig
+    tasks: tuple[str, ...] = tuple(TASKS)
+    control_tasks: tuple[str, ...] = CONTROL_TASKS
+    template_share: float = 0.5
+    finetune_steps: int = 250
+    finetune_rank: int = 4
+    seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds: one source per (member, task, seed)
+    seed: int = 0                         # the world's and the initial weights' seed
+
+    @property
+    def source_tasks(self) -> tuple[str, ...]:
+        """Tasks that get fine-tuned sources: all but the controls."""
+        return tuple(t for t in self.tasks if t not in self.control_tasks)
+
+    def member(self, name: str) -> Member:
+        for member in self.members:
+            if member.name == name:
+                return member
+        raise KeyError(name)
+
+
+FULL = Profile(
+    name="full",
+    world=WorldSize(pretrain=12000, probes=400, train=40, test=60),
+    members=(
+        Member("clip", "hf", "hf_clip:build_tiny", {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4}),
+        Member("siglip", "hf", "hf_siglip:build_tiny", {"width": 80, "layers": 4, "heads": 4, "patch_size": 4}),
+        Member("vit", "open_clip:local-dir", "openclip:build_tiny",
+               {"width": 64, "embed_dim": 48, "layers": 4, "heads": 4, "patch_size": 4}),
+        Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet", {"width": 16, "embed_dim": 56, "image_size": 64}),
+    ),
+    pretrain=PretrainConfig(steps=2500, batch_size=128, lr=1e-3),
+    template_share=0.3,
+    finetune_steps=150,
+)
+
+TINY = Profile(
+    name="tiny",
+    world=WorldSize(pretrain=1000, probes=48, train=10, test=16),
+    members=(
+        Member("clip", "hf", "hf_clip:build_tiny", {"width": 32, "embed_dim": 24, "layers": 2, "heads": 2, "patch_size": 8}),
+        Member("vit", "open_clip:local-dir", "openclip:build_tiny",
+               {"width": 32, "embed_dim": 20, "layers": 2, "heads": 2, "patch_size": 8}),
+    ),
+    pretrain=PretrainConfig(steps=150, batch_size=64, lr=3e-3, warmup=20),
+    tasks=("colour", "count", "background"),
+    template_share=0.8,
+    finetune_steps=25,
+    seeds=(0, 1),
+)
+
+PROFILES = {profile.name: profile for profile in (FULL, TINY)}

@@ -1,0 +1,177 @@
+"""`ptc paper`'s outputs: results.json, a markdown report with the paper's numbers beside the
+zoo's, and PNG plots (negation sweep, multi-task scaling). Written atomically."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+from ..fsio import write_bytes_atomic
+
+
+def _f(value, digits: int = 2) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:+.{digits}f}" if digits <= 2 else f"{value:.{digits}f}"
+
+
+def markdown(results: dict) -> str:
+    add, neg, agr, lin, paper = (results["addition"], results["negation"], results["agreement"],
+                                 results["linearity"], results["paper"])
+    lines = [f"# ptc paper: the zoo's {results['profile']} profile",
+             "",
+             f"Members: {', '.join(results['members'])}. Source tasks: {', '.join(results['tasks'])}; "
+             f"control: {', '.join(results['control_tasks'])} (no source is ever fine-tuned on it). "
+             f"Closed form at alpha = {results['alpha']}, ridge {results['ridge']}. All accuracies are on "
+             "held-out test splits; gains and deltas are percentage points against the target's zero-shot.",
+             "",
+             "## Zoo quality (zero-shot on held-out test, chance, mean off-diagonal prompt cosine)",
+             "",
+             "| member | task | zero-shot | chance | prompt cosine |",
+             "| --- | --- | --- | --- | --- |"]
+    for member, quality in results["zoo_quality"].items():
+        for task, q in quality.items():
+            flag = "" if q["distinct"] else " (collapsed)"
+            lines.append(f"| {member} | {task} | {q['zero_shot']:.3f} | {q['chance']:.3f} | {q['prompt_cosine']:.3f}{flag} |")
+    lines += ["",
+              "## Addition (Table 1, single task per cell)",
+              "",
+              "| row | gain (points) | control delta | paper |",
+              "| --- | --- | --- | --- |",
+              f"| Fine-tuned source (ceiling, same model) | {_f(add['finetuned_gain'])} | | EuroSAT +48.0 |",
+              f"| Weight-space arithmetic, same model, alpha 0.5 | {_f(add['weight_space_gain'])} | "
+              f"{_f(add['weight_space_control_delta'])} | |",
+              f"| Oracle (target's own descriptor) | {_f(add['oracle_gain'])} | {_f(add['oracle_control_delta'])} | "
+              f"{paper['oracle_example']} |",
+              f"| Cross-model closed form | {_f(add['cross_model_gain'])} | {_f(add['control_delta'])} | |",
+              f"| Random-UTD (Oracle's norm) | {_f(add['random_utd_gain'])} | | {paper['addition.random_utd_gain']} |",
+              "",
+              f"**Retention** (cross-model gain / Oracle gain, pooled over {add['cells']} cells): "
+              f"{add['retention']:.3f}; paper {paper['addition.retention']}.",
+              "",
+              f"Two-task composition (Table 1), {add['composition']['cells']} cells: task A "
+              f"{_f(add['composition']['gain_a'])}, task B {_f(add['composition']['gain_b'])}, control "
+              f"{_f(add['composition']['control_delta'])} points.",
+              "",
+              "### Per task (Table 14)",
+              "",
+              "| task | zero-shot | cross-model gain | Oracle gain | retention |",
+              "| --- | --- | --- | --- | --- |"]
+    for task, row in add["per_task"].items():
+        lines.append(f"| {task} | {row['zero_shot']:.1f} | {_f(row['cross_model_gain'])} | {_f(row['oracle_gain'])} | "
+                     f"{_f(row['retention'], 3)} |")
+    lines += ["",
+              "## Negation (Table 16, Figure 2): cross-model descriptors at weight -lambda",
+              "",
+              "| lambda | removed task | control | Oracle removed | Oracle control |",
+              "| --- | --- | --- | --- | --- |"]
+    for row in neg.values():
+        lines.append(f"| {row['lambda']:g} | {_f(row['removed_delta'])} | {_f(row['control_delta'])} | "
+                     f"{_f(row['oracle_removed_delta'])} | {_f(row['oracle_control_delta'])} |")
+    lines += ["",
+              f"Paper at lambda = 1: removed {paper['negation.lambda_1.removed_delta']}, control "
+              f"{paper['negation.lambda_1.control_delta']}; at 0.5: removed "
+              f"{paper['negation.lambda_0.5.removed_delta']}, control {paper['negation.lambda_0.5.control_delta']}.",
+              "",
+              "## Descriptor agreement",
+              "",
+              f"Same task across models: {agr['same_task_cosine']:.3f} (paper {paper['agreement.same_task_cosine']}); "
+              f"different tasks within a model: {agr['different_task_cosine']:.3f} "
+              f"(paper {paper['agreement.different_task_cosine']}).",
+              "",
+              "## Linearity (Table 6)",
+              "",
+              f"solve(U1 - 1.5 U2 + U3) against the sum of solved operators: max relative difference "
+              f"{lin['max_rel_diff_fp64']:.1e} in float64, {lin['max_rel_diff_fp32']:.1e} stored as float32 "
+              f"(paper: {paper['linearity.max_rel_diff_fp64']}).",
+              "",
+              "## Multi-task scaling (Figure 4)",
+              "",
+              "| J | gain at 0.5 | control at 0.5 | gain at 0.5/J | control at 0.5/J |",
+              "| --- | --- | --- | --- | --- |"]
+    for j, row in results["scaling"].items():
+        lines.append(f"| {j} | {_f(row['fixed']['composed_gain'])} | {_f(row['fixed']['control_delta'])} | "
+                     f"{_f(row['per_task']['composed_gain'])} | {_f(row['per_task']['control_delta'])} |")
+    lines += ["", "## Seeds", "", "| seed | retention | cross-model | Oracle | Random-UTD | control |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for row in results["seeds"]:
+        lines.append(f"| {row['seed']} | {row['retention']:.3f} | {_f(row['cross_model_gain'])} | "
+                     f"{_f(row['oracle_gain'])} | {_f(row['random_utd_gain'])} | {_f(row['control_delta'])} |")
+    spread = results["seed_spread"]["retention"]
+    lines += ["", f"Retention over seeds: {spread['mean']:.3f} +- {spread['std']:.3f} (n = {spread['n']}).", ""]
+    if results.get("findings"):
+        lines += ["## What the zoo does and does not reproduce", ""] + [f"- {f}" for f in results["findings"]] + [""]
+    return "\n".join(lines)
+
+
+def findings(results: dict) -> list[str]:
+    """Plain statements against the issue's bars, with the numbers; no tuning on test."""
+    add, neg, agr, lin = results["addition"], results["negation"], results["agreement"], results["linearity"]
+    at_one = neg.get("lambda_1", {})
+    checks = [
+        (add["retention"] >= 0.74, f"cross-model retention {add['retention']:.3f} (paper's floor 0.74)"),
+        (abs(add["random_utd_gain"]) <= 1.0, f"Random-UTD {add['random_utd_gain']:+.2f} points (bar: within +-1)"),
+        (at_one.get("removed_delta", 0) <= -20 and at_one.get("control_delta", -99) >= -3,
+         f"negation at lambda 1 removes {-at_one.get('removed_delta', float('nan')):.2f} points for "
+         f"{-at_one.get('control_delta', float('nan')):.2f} control points (bar: >= 20 for <= 3)"),
+        (agr["same_task_cosine"] > agr["different_task_cosine"],
+         f"same-task agreement {agr['same_task_cosine']:.3f} vs different-task {agr['different_task_cosine']:.3f}"),
+        (lin["max_rel_diff_fp64"] <= 1e-12, f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
+    ]
+    return [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
+
+
+def plots(results: dict) -> dict[str, bytes]:
+    """PNG bytes by file name."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pngs = {}
+    neg = list(results["negation"].values())
+    figure, axis = plt.subplots(figsize=(5, 3.5))
+    lams = [r["lambda"] for r in neg]
+    axis.plot(lams, [r["removed_delta"] for r in neg], "o-", label="removed task (cross-model)")
+    axis.plot(lams, [r["control_delta"] for r in neg], "s-", label="control (cross-model)")
+    axis.plot(lams, [r["oracle_removed_delta"] for r in neg], "o--", label="removed task (Oracle)")
+    axis.plot([0.5, 1.0], [-23.04, -35.22], "kx", label="paper, removed task")
+    axis.set(xlabel="lambda", ylabel="points vs zero-shot", title="Negation sweep")
+    axis.legend(fontsize=7)
+    pngs["negation.png"] = _png(figure)
+    scaling = results["scaling"]
+    figure, axis = plt.subplots(figsize=(5, 3.5))
+    js = [int(j) for j in scaling]
+    for rule, label in (("fixed", "alpha 0.5"), ("per_task", "alpha 0.5/J")):
+        axis.plot(js, [scaling[str(j)][rule]["composed_gain"] for j in js], "o-", label=f"composed gain, {label}")
+        axis.plot(js, [scaling[str(j)][rule]["control_delta"] for j in js], "s--", label=f"control, {label}")
+    axis.set(xlabel="tasks composed (J)", ylabel="points vs zero-shot", title="Multi-task scaling")
+    axis.legend(fontsize=7)
+    pngs["scaling.png"] = _png(figure)
+    return pngs
+
+
+def _png(figure) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def write(results: dict, out: Path, stem: str) -> list[Path]:
+    """Render everything first, then write each file atomically: a failure writes nothing."""
+    results = {**results, "findings": findings(results)}
+    files = {f"{stem}.json": json.dumps(results, indent=1).encode(), f"{stem}.md": markdown(results).encode(),
+             **{f"{stem}-{name}": png for name, png in plots(results).items()}}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        write_bytes_atomic(out / name, data)
+    return [out / name for name in files]
+

@@ -1,0 +1,183 @@
+"""The offline zoo, built with the tiny profile: its index and quality report, `zoo:` names,
+resuming an interrupted build, a bank that moves with its probes, and `ptc paper`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+
+import targets
+from compiler.bank import Bank
+from compiler.errors import ModelNotFound
+from compiler.zoo import paper, report
+from compiler.zoo.build import build_zoo, profile_named, read_index
+from conftest import run_ptc
+
+TINY = profile_named("tiny")
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    lines: list[str] = []
+    build_zoo(root, TINY, echo=lines.append)
+    return root
+
+
+@pytest.fixture(scope="session")
+def results(zoo):
+    return paper.run(zoo, echo=lambda _: None)
+
+
+def _digest(folder, pattern="*"):
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob(pattern)) if p.is_file()}
+
+
+def test_the_index_records_every_member_source_and_quality_figure(zoo):
+    index = read_index(zoo)
+    assert index["profile"] == "tiny" and set(index["members"]) == {m.name for m in TINY.members}
+    bank = Bank(zoo / "bank")
+    for name, record in index["members"].items():
+        assert set(record["quality"]) == set(TINY.tasks)
+        for task, quality in record["quality"].items():
+            assert 0 <= quality["zero_shot"] <= 1 and quality["chance"] == pytest.approx(1 / len(bank.task(task).classes), abs=1e-4)
+            assert -1 <= quality["prompt_cosine"] <= 1
+        assert set(record["sources"]) == {f"{t}-s{s}" for t in TINY.source_tasks for s in TINY.seeds}
+        for task in TINY.source_tasks:
+            assert {f"{name}-s{s}" for s in TINY.seeds} <= set(bank.descriptor_ids(task))
+        assert not any(key.startswith(f"{c}-") for c in TINY.control_tasks for key in record["sources"])
+
+
+def test_zoo_names_load_the_members_native_checkpoints(zoo, monkeypatch):
+    monkeypatch.setenv("PTC_ZOO", str(zoo))
+    index = read_index(zoo)
+    for name, record in index["members"].items():
+        by_name, native = targets.load(f"zoo:{name}"), targets.load(record["ref"], zoo)
+        assert by_name.ref == f"zoo:{name}" and by_name.input_fingerprint() == native.input_fingerprint()
+    with pytest.raises(ModelNotFound, match=r"zoo:nope: not a member of the zoo at ") as caught:
+        targets.load("zoo:nope")
+    assert caught.value.hint == "members: clip, vit"
+    monkeypatch.setenv("PTC_ZOO", str(zoo / "missing"))
+    with pytest.raises(ModelNotFound, match=r"no zoo at .*missing \(looked for .*zoo\.json\)"):
+        targets.load("zoo:clip")
+
+
+def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_is_missing(zoo, tmp_path):
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo, copy)
+    before = _digest(copy)
+    lines: list[str] = []
+    build_zoo(copy, TINY, echo=lines.append)
+    assert lines == [] and _digest(copy) == before
+    # Interrupt after one source: its adapter and descriptor are gone, and the index forgot it.
+    member, key = TINY.members[0].name, f"{TINY.source_tasks[0]}-s{TINY.seeds[-1]}"
+    shutil.rmtree(copy / "sources" / member / key)
+    (copy / "bank" / "descriptors" / TINY.source_tasks[0] / f"{member}-s{TINY.seeds[-1]}.safetensors").unlink()
+    index = read_index(copy)
+    del index["members"][member]["sources"][key]
+    (copy / "zoo.json").write_text(json.dumps(index))
+    build_zoo(copy, TINY, echo=lines.append)
+    assert len(lines) == 1 and lines[0].strip().startswith(f"{member} {key}: fine-tuned")
+    # Deterministic: the same weights again (adapter_config.json names the base model's folder).
+    assert _digest(copy / "sources", "*.safetensors") == _digest(zoo / "sources", "*.safetensors")
+    assert _digest(copy / "bank" / "descriptors") == _digest(zoo / "bank" / "descriptors")
+
+
+def test_a_zoo_built_with_another_profile_is_refused(zoo):
+    with pytest.raises(Exception, match="built with profile 'tiny', not 'full'"):
+        build_zoo(zoo, profile_named("full"), echo=lambda _: None)
+
+
+def test_the_bank_moves_with_its_probes(zoo, tmp_path):
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(zoo, moved)
+    task = Bank(moved / "bank").task(TINY.tasks[0])
+    assert all(str(p).startswith(str(moved)) and p.is_file() for p in task.probes)
+    assert task.grid_hash == Bank(zoo / "bank").task(TINY.tasks[0]).grid_hash
+
+
+def test_cached_edit_accuracy_is_what_the_folded_model_scores(zoo):
+    """The harness reads accuracy after an edit from cached embeddings; an independent check
+    folds the same operator into the model and scores the test split through it."""
+    harness = paper.Zoo(zoo)
+    target, source = harness.members[0], harness.members[1]
+    view = harness.view(target)
+    for task in harness.source_tasks:
+        edit = view.operator(task, harness.descriptor(task, source, 0), 3.0)  # strong enough to move predictions
+        folded = view.encoder.with_edit(edit.float())
+        assert paper._accuracy_of(harness, folded, task) == pytest.approx(view.accuracy(task, edit), abs=1e-9)
+        assert view.accuracy(task, torch.zeros_like(edit)) == view.accuracy(task)
+
+
+def test_paper_results_carry_the_issue_keys(results):
+    for dotted in ("addition.retention", "addition.cross_model_gain", "addition.oracle_gain",
+                   "addition.random_utd_gain", "addition.control_delta", "negation.lambda_1.removed_delta",
+                   "negation.lambda_1.control_delta", "agreement.same_task_cosine",
+                   "agreement.different_task_cosine", "linearity.max_rel_diff_fp64"):
+        node = results
+        for part in dotted.split("."):
+            node = node[part]
+        assert isinstance(node, float), dotted
+    assert len(results["seeds"]) == len(TINY.seeds) >= 2
+    assert results["linearity"]["max_rel_diff_fp64"] <= 1e-12
+    assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
+    assert results["addition"]["cells"] == len(TINY.members) * (len(TINY.members) - 1) * len(TINY.source_tasks) * len(TINY.seeds)
+
+
+def test_ptc_paper_writes_json_markdown_and_plots(zoo, tmp_path):
+    out = tmp_path / "results"
+    result = run_ptc("paper", "--profile", "tiny", "--root", zoo, "--out", out)
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["paper-tiny-negation.png", "paper-tiny-scaling.png", "paper-tiny.json", "paper-tiny.md"]
+    saved = json.loads((out / "paper-tiny.json").read_text())
+    assert saved["findings"] == report.findings(saved)
+    assert "## Negation" in (out / "paper-tiny.md").read_text()
+    assert (out / "paper-tiny-negation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "fp64 linearity" in result.stdout
+
+
+def _zoo_recipe(zoo, folder, evaluate):
+    import yaml
+
+    index = read_index(zoo)
+    target, source = list(index["members"])[:2]
+    task, control = TINY.source_tasks[0], TINY.control_tasks[0]
+    recipe = {"target": f"zoo:{target}", "bank": str(zoo / "bank"),
+              "terms": [{"task": task, "source": f"{source}-s0", "weight": 0.5}],
+              "evaluate": evaluate(zoo, task, control), "export": {"out": "dist", "formats": ["safetensors"]}}
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path, task, control
+
+
+def test_a_recipe_prints_held_out_accuracy_before_and_after_its_edit(zoo, tmp_path):
+    tests = lambda z, task, control: {t: str(z / "world" / "tasks" / t / "test") for t in (task, control)}  # noqa: E731
+    recipe, task, control = _zoo_recipe(zoo, tmp_path, tests)
+    result = run_ptc("build", recipe, env={"PTC_ZOO": str(zoo)})
+    assert result.returncode == 0, result.stderr
+    report_json = json.loads((tmp_path / "dist" / "report.json").read_text())
+    assert report_json["evaluation"][task]["role"] == "term" and report_json["evaluation"][control]["role"] == "held out"
+    for name in (task, control):  # the printed "after" is what the shipped checkpoint scores
+        evaluated = run_ptc("eval", tmp_path / "dist", "--task", name, "--data", zoo / "world" / "tasks" / name / "test",
+                            "--bank", zoo / "bank", "--json", env={"PTC_ZOO": str(zoo)})
+        assert evaluated.returncode == 0, evaluated.stderr
+        assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(report_json["evaluation"][name]["after"], abs=1e-9)
+        assert f"held-out zero-shot {name}" in result.stdout
+
+
+def test_a_recipe_evaluating_an_unknown_task_or_folder_fails_in_one_line(zoo, tmp_path):
+    unknown = lambda z, task, control: {"nope": str(z)}  # noqa: E731
+    recipe, _, _ = _zoo_recipe(zoo, tmp_path, unknown)
+    result = run_ptc("check", recipe, env={"PTC_ZOO": str(zoo)})
+    assert result.returncode == 2 and "evaluate.nope: task 'nope' is not registered" in result.stderr
+    missing = lambda z, task, control: {control: "no/such/folder"}  # noqa: E731
+    recipe, _, control = _zoo_recipe(zoo, tmp_path, missing)
+    result = run_ptc("check", recipe, env={"PTC_ZOO": str(zoo)})
+    assert result.returncode == 2 and f"evaluate.{control}:" in result.stderr and "is not a folder" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
