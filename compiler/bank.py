@@ -188,9 +188,11 @@ class Bank:
                                 f"({old.grid_hash[:12]} != {grid[:12]}); its descriptors were made on the old one",
                                 "pass --replace to re-register it, then recompute its descriptors")
         self._ensure()
-        # Probe paths are stored relative to the bank, so a bank committed next to its probes
-        # (the zoo's) reads the same from any checkout; the grid hash pins their bytes anyway.
-        record = {"name": spec.name, "grid_hash": grid, "probes": [self._relative(p) for p in spec.probes],
+        # Probe paths are stored absolute and relative to the bank: a bank committed next to its
+        # probes (the zoo's) reads from any checkout, and a bank copied alone still finds them.
+        # The grid hash pins their bytes either way.
+        record = {"name": spec.name, "grid_hash": grid, "probes": [str(Path(p).resolve()) for p in spec.probes],
+                  "probes_from_bank": [self._relative(p) for p in spec.probes],
                   "classes": list(spec.classes), "templates": list(spec.templates),
                   "source_file": str(spec.source_file) if spec.source_file else None}
         write_json_atomic(existing, _sealed(record))
@@ -199,8 +201,11 @@ class Bank:
     def _relative(self, path: Path) -> str:
         return os.path.relpath(Path(path).resolve(), self.root.resolve())
 
-    def _absolute(self, stored: str) -> Path:
-        return Path(os.path.normpath(self.root.resolve() / stored))  # an absolute `stored` stays as it is
+    def _locate(self, absolute: str, relative: str) -> Path:
+        """The probe next to the bank where it is there (the tree moved together), else where
+        it was registered."""
+        beside = Path(os.path.normpath(self.root / relative))
+        return beside if beside.is_file() else Path(absolute)
 
     def task(self, name: str) -> TaskRecord:
         self._check_format()
@@ -215,7 +220,9 @@ class Bank:
         if not _seal_intact(record):
             raise BankError(f"bank task record {path} failed its integrity check",
                             "the file was modified or damaged; re-register it with `ptc task add --replace`")
-        return TaskRecord(record["name"], record["grid_hash"], tuple(self._absolute(p) for p in record["probes"]),
+        probes = tuple(self._locate(absolute, relative) for absolute, relative in
+                       zip(record["probes"], record.get("probes_from_bank") or record["probes"]))
+        return TaskRecord(record["name"], record["grid_hash"], probes,
                           tuple(record["classes"]), tuple(record["templates"]), record.get("source_file"))
 
     # -- descriptors --------------------------------------------------------------------------
