@@ -73,10 +73,10 @@ def test_demo_runs_end_to_end_and_the_example_recipe_builds_on_it(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "target zero-shot on colour" in result.stdout and "verified: linearity" in result.stdout
     assert (tmp_path / "ptc-demo" / "dist" / "target-edit" / "onnx" / "vision_model.onnx").is_file()
-    # recipes/demo.yaml names its paths relative to itself, as laid out in a checkout.
+    # recipes/ptc-demo.yaml names its paths relative to itself, as laid out in a checkout.
     (tmp_path / "recipes").mkdir()
-    recipe = tmp_path / "recipes" / "demo.yaml"
-    recipe.write_bytes((REPO / "recipes" / "demo.yaml").read_bytes())
+    recipe = tmp_path / "recipes" / "ptc-demo.yaml"
+    recipe.write_bytes((REPO / "recipes" / "ptc-demo.yaml").read_bytes())
     assert run_ptc("check", recipe).returncode == 0
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr

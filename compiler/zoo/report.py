@@ -26,7 +26,8 @@ def markdown(results: dict) -> str:
              "",
              f"Members: {', '.join(results['members'])}. Source tasks: {', '.join(results['tasks'])}; "
              f"control: {', '.join(results['control_tasks'])} (no source is ever fine-tuned on it). "
-             f"Closed form at alpha = {results['alpha']}, ridge {results['ridge']}. All accuracies are on "
+             f"Closed form at alpha = {results['alpha']}, ridge {results['ridge']:g} (chosen on the labelled train "
+             f"split by Oracle gain: {results['ridge_selection']['train_oracle_gain']}). All accuracies are on "
              "held-out test splits; gains and deltas are percentage points against the target's zero-shot.",
              "",
              "## Zoo quality (zero-shot on held-out test, chance, mean off-diagonal prompt cosine)",
@@ -96,7 +97,8 @@ def markdown(results: dict) -> str:
     for j, row in results["scaling"].items():
         lines.append(f"| {j} | {_f(row['fixed']['composed_gain'])} | {_f(row['fixed']['control_delta'])} | "
                      f"{_f(row['per_task']['composed_gain'])} | {_f(row['per_task']['control_delta'])} |")
-    lines += ["", "## Seeds", "", "| seed | retention | cross-model | Oracle | Random-UTD | control |",
+    lines += ["", f"![negation](paper-{results['profile']}-negation.png) "
+              f"![scaling](paper-{results['profile']}-scaling.png)", "", "## Seeds", "", "| seed | retention | cross-model | Oracle | Random-UTD | control |",
               "| --- | --- | --- | --- | --- | --- |"]
     for row in results["seeds"]:
         lines.append(f"| {row['seed']} | {row['retention']:.3f} | {_f(row['cross_model_gain'])} | "
@@ -122,7 +124,16 @@ def findings(results: dict) -> list[str]:
          f"same-task agreement {agr['same_task_cosine']:.3f} vs different-task {agr['different_task_cosine']:.3f}"),
         (lin["max_rel_diff_fp64"] <= 1e-12, f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
     ]
-    return [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
+    lines = [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
+    collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]
+    if collapsed:
+        lines.append(f"diagnosis: class prompts collapsed (mean cosine > 0.9) on {', '.join(collapsed)}; no "
+                     "image-side edit can separate those classes. Retention over the cells whose target tells "
+                     f"its task's classes apart: {add['retention_distinct_prompts']:.3f}")
+    if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
+        lines.append(f"diagnosis: the sources' own fine-tunes gain {add['finetuned_gain']:+.2f} points; the Oracle "
+                     f"closed form at alpha 0.5 recovers {add['oracle_gain']:+.2f} of them")
+    return lines
 
 
 def plots(results: dict) -> dict[str, bytes]:
