@@ -75,20 +75,13 @@ def test_ctrl_c_during_finetune_leaves_nothing(world, tmp_path):
                                 "--model", f"hf:{world.source}", "--data", world.tasks["colour"].parent / "train",
                                 "--out", out, "--steps", "100000", "--bank", world.bank],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               # A runner started in the background (nohup ... &) passes SIGINT on
+                               # as ignored; a terminal user's ptc has it at its default.
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)  # well into training: loading the model takes about two seconds
-    # On a loaded machine the first Ctrl-C can land while a library is still importing (and be
-    # swallowed there); a user presses it again, so the test does too.
-    for _ in range(6):
-        process.send_signal(signal.SIGINT)
-        try:
-            _, stderr = process.communicate(timeout=20)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    else:
-        process.kill()
-        raise AssertionError("ptc finetune ignored six Ctrl-Cs")
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "interrupted; nothing was written" in stderr
     assert not out.exists() and not list(tmp_path.iterdir())
