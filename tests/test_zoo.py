@@ -110,7 +110,8 @@ def test_cached_edit_accuracy_is_what_the_folded_model_scores(zoo):
     for task in harness.source_tasks:
         edit = view.operator(task, harness.descriptor(task, source, 0), 3.0)  # strong enough to move predictions
         folded = view.encoder.with_edit(edit.float())
-        assert paper._accuracy_of(harness, folded, task) == pytest.approx(view.accuracy(task, edit), abs=1e-9)
+        # ptc eval's accuracy is a float32 mean; one image of the split moves it by ~1e-2.
+        assert paper._accuracy_of(harness, folded, task) == pytest.approx(view.accuracy(task, edit), abs=1e-6)
         assert view.accuracy(task, torch.zeros_like(edit)) == view.accuracy(task)
 
 

@@ -26,8 +26,9 @@ import torch
 import targets
 
 from ..bank import Bank
-from ..descriptor import class_embeddings, cosine, normalise, task_descriptor
+from ..descriptor import cosine, normalise, task_descriptor
 from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
+from ..evaluate import zero_shot_accuracy
 from ..labelled import labelled_files
 from ..solve import edited_embeddings, factorize, solve_operator
 from .build import read_index
@@ -196,10 +197,7 @@ def weight_space_cells(zoo: Zoo, seed: int) -> list[dict]:
 
 
 def _accuracy_of(zoo: Zoo, encoder, task: str) -> float:
-    record = zoo.bank.task(task)
-    rows = class_embeddings(encoder.embed_prompts(record.prompts).double(), len(record.classes))
-    split = zoo.split(encoder, task)
-    return float(((normalise(split.inputs.double()) @ rows.T).argmax(1) == split.labels).double().mean())
+    return zero_shot_accuracy(encoder, zoo.bank.task(task), zoo.test_dir(task), progress=False)["accuracy"]
 
 
 def retention(cells: list[dict]) -> float:

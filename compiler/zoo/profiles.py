@@ -20,7 +20,6 @@ class Member:
     scheme: str        # how the builder's folder is loaded: "hf" or "open_clip:local-dir"
     builder: str       # "module:function" under targets/, called as builder(folder, seed=, **options)
     options: dict = field(default_factory=dict)
-    pretrain_lr: float | None = None  # None: the profile's
 
 
 @dataclass(frozen=True)
