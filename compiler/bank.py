@@ -7,7 +7,7 @@ what it was made from and a hash of its tensors, checked on every read):
     bank.json                                      format marker
     tasks/<task>.json                              registered task: grid hash, probes, prompts
     embeddings/<model>/<grid>.safetensors          raw input and prompt embeddings of a model
-    descriptors/<task>/<id>.safetensors            UTD (N x M) with its source's provenance
+    descriptors/<task>/<id>.safetensors            UTD (N x M) and the source's S_pre, with provenance
     factors/<target>/<grid>.safetensors            thin SVDs of the target's F and G
     operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
 
@@ -233,8 +233,9 @@ class Bank:
     def descriptor_ids(self, task: str) -> list[str]:
         return sorted(p.stem for p in (self.root / "descriptors" / task).glob("*.safetensors"))
 
-    def put_descriptor(self, task: str, descriptor_id: str, utd: torch.Tensor, meta: dict) -> Entry:
-        return self.write_entry(self._descriptor_rel(task, descriptor_id), {"utd": utd}, meta)
+    def put_descriptor(self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+        """`tensors` holds "utd" (N x M) and, from ptc 0.2 on, "source_affinity" (the source's S_pre)."""
+        return self.write_entry(self._descriptor_rel(task, descriptor_id), tensors, meta)
 
     def descriptor(self, task: str, descriptor_id: str) -> Entry:
         entry = self.read_entry(self._descriptor_rel(task, descriptor_id))

@@ -119,9 +119,9 @@ def fill_bank_on_ray(bank: Bank, sources: list[SourceSpec], target_refs: list[st
     for s, name in todo:  # descriptors, in the in-process order
         task, pre, post = records[name], infos[(s.pre, None, name)], infos[(s.pre, s.finetuned[name], name)]
         check_pair(pre, post, s.pre, s.finetuned[name])
-        utd, meta = descriptor_record(task, s.id, s.pre, s.finetuned[name], pre, post,
-                                      _embeddings(bank, pre, task), _embeddings(bank, post, task))
-        bank.put_descriptor(name, s.id, utd, meta)
+        tensors, meta = descriptor_record(task, s.id, s.pre, s.finetuned[name], pre, post,
+                                          _embeddings(bank, pre, task), _embeddings(bank, post, task))
+        bank.put_descriptor(name, s.id, tensors, meta)
         counts["descriptors_computed"] += 1
     counts.update(_target_solves(ray, bank, target_refs, task_names, records, infos, ridge, threads, progress))
     return counts

@@ -7,7 +7,7 @@ from pathlib import Path
 import targets
 
 from .bank import Bank, Entry, TaskRecord
-from .descriptor import task_descriptor
+from .descriptor import affinity, task_descriptor
 from .embed import GridEmbeddings, ModelInfo, check_grid_unchanged, embed_grid, model_info
 from .errors import ModelError
 from .grid import check_name
@@ -38,15 +38,18 @@ def check_pair(source: ModelInfo, finetuned: ModelInfo, source_ref: str, finetun
 
 def descriptor_record(task: TaskRecord, descriptor_id: str, source_ref: str, finetuned_ref: str,
                       source: ModelInfo, finetuned: ModelInfo, pre: GridEmbeddings, post: GridEmbeddings):
-    """(tensor, meta) of a descriptor; one definition for every executor."""
+    """(tensors, meta) of a descriptor; one definition for every executor. Beside UTD the entry
+    keeps the source's own pre-trained affinities S_pre on the grid: with them a target can
+    read the source's fine-tuned affinities (UTD + S_pre), which `kind: relative` needs."""
     utd = task_descriptor(post.inputs, pre.inputs, pre.class_rows).float()
+    source_affinity = affinity(pre.inputs.double(), pre.class_rows.double()).float()
     meta = {"kind": "descriptor", "task": task.name, "id": descriptor_id, "grid_hash": task.grid_hash,
             "source_ref": source_ref, "finetuned_ref": finetuned_ref,
             "source_input_fingerprint": source.input_fingerprint,
             "finetuned_input_fingerprint": finetuned.input_fingerprint,
             "text_fingerprint": source.text_fingerprint, "finetuned_text_fingerprint": finetuned.text_fingerprint,
             "norm": float(utd.norm()), "shape": list(utd.shape)}
-    return utd, meta
+    return {"utd": utd, "source_affinity": source_affinity}, meta
 
 
 def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: str,
@@ -62,6 +65,6 @@ def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: s
     check_pair(model_info(source), model_info(finetuned), source_ref, finetuned_ref)
     pre = embed_grid(source, task, bank, batch_size, progress)
     post = embed_grid(finetuned, task, bank, batch_size, progress)
-    utd, meta = descriptor_record(task, descriptor_id, source_ref, finetuned_ref,
-                                  model_info(source), model_info(finetuned), pre, post)
-    return bank.put_descriptor(task.name, descriptor_id, utd, meta)
+    tensors, meta = descriptor_record(task, descriptor_id, source_ref, finetuned_ref,
+                                      model_info(source), model_info(finetuned), pre, post)
+    return bank.put_descriptor(task.name, descriptor_id, tensors, meta)

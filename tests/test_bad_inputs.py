@@ -27,8 +27,8 @@ def _png(path: Path, value: int) -> None:
 def _copy_descriptor(ctx, new_id: str, **changes) -> None:
     bank = Bank(ctx["copy"])
     source = bank.descriptor("colour", "src")
-    utd = changes.pop("utd", source.tensors["utd"])
-    bank.put_descriptor("colour", new_id, utd, {**source.meta, "id": new_id, **changes})
+    tensors = {**source.tensors, "utd": changes.pop("utd", source.tensors["utd"])}
+    bank.put_descriptor("colour", new_id, tensors, {**source.meta, "id": new_id, **changes})
 
 
 def _operator_wrong_shape(ctx) -> None:

@@ -108,6 +108,12 @@ def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict
             "pretrain": figures}
 
 
+def _descriptor_current(bank: Bank, task: str, descriptor_id: str) -> bool:
+    """Present and carrying the source's affinities (descriptors made before ptc 0.2 lack them)."""
+    return (descriptor_id in bank.descriptor_ids(task)
+            and "source_affinity" in bank.descriptor(task, descriptor_id).tensors)
+
+
 def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo) -> None:
     """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones."""
     for task_name in profile.source_tasks:
@@ -122,7 +128,7 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
                                       rank=profile.finetune_rank, alpha=2 * profile.finetune_rank,
                                       steps=profile.finetune_steps, seed=seed, progress=True)
                 entry["finetune"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
-            if descriptor_id not in bank.descriptor_ids(task_name):
+            if not _descriptor_current(bank, task_name, descriptor_id):
                 add_descriptor(bank, task_name, record["ref"], str(adapter.relative_to(root)), descriptor_id,
                                base_dir=root, progress=False, source=encoder)
             if "finetuned_zero_shot" not in entry:
