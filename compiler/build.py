@@ -15,7 +15,9 @@ import targets
 from targets.base import Batch
 
 from . import __version__
-from .embed import GridEmbeddings, embed_grid, model_key
+from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
+from .descriptor import class_embeddings
+from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
 from .errors import OutputError
 from .evaluate import zero_shot_accuracy
 from .export import (export_onnx, fp16_variant, lock_record, min_row_cosine, model_card, output_hashes, run_onnx,
@@ -24,6 +26,8 @@ from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
 from .options import Options
 from .plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
 from .routes import ROUTES, Edit, Run, grid_goals
+from .strength import choose_strengths, strength_report
+from .terms import resolve_descriptors, with_weights
 from .verify import descriptor_residual, max_abs_difference, require, require_at_least
 
 
@@ -120,10 +124,56 @@ def _evaluate(plan_: Plan, target, edited, options: Options) -> dict[str, dict]:
 
 
 def _term_records(plan_: Plan, edit: Edit, residuals: dict[str, float]) -> list[dict]:
-    return [{"task": pt.term.task, "source": pt.term.source, "weight": pt.term.weight,
+    return [{"task": pt.term.task, "source": pt.term.label, "weight": pt.weight, "written_weight": pt.term.weight,
+             "kind": pt.term.kind, "sources": list(pt.term.sources),
+             "combine": pt.term.combine if len(pt.term.sources) > 1 else None,
+             "source_weights": list(pt.term.source_weights) if pt.term.source_weights else None,
              "grid_hash": pt.task.grid_hash, "descriptor_sha256": pt.descriptor.sha256,
+             "source_descriptor_sha256": [entry.sha256 for entry in pt.sources],
              "operator_sha256": sha, "grid_residual": residuals[pt.task.name]}
             for pt, sha in zip(plan_.terms, edit.term_hashes)]
+
+
+def _choose_strengths(plan_: Plan, target, grids: dict[str, GridEmbeddings], options: Options,
+                      run: Run) -> tuple[Plan, dict | None]:
+    """`strength: auto`: the label-free strengths of compiler/strength.py; else the recipe's."""
+    config = plan_.recipe.strength
+    if config.mode != "auto":
+        return plan_, None
+    controls = {}
+    for task in plan_.controls:
+        with run.stage("embed"):
+            controls[task.name] = embed_grid(target, task, plan_.bank, options.batch_size, options.progress)
+            run.counts["embeddings_computed"] += controls[task.name].computed
+    with run.stage("strength"):
+        terms = [(pt.task.name, pt.descriptor.tensors["utd"], 1.0 if pt.term.weight > 0 else -1.0)
+                 for pt in plan_.terms]
+        result = choose_strengths(terms, grids, controls, plan_.recipe.solve.ridge, config)
+    return with_weights(plan_, result["weights"]), strength_report(plan_.terms, result, config, list(controls))
+
+
+def _certify(plan_: Plan, target, edit: Edit, options: Options) -> dict[str, dict]:
+    """verify.certify: the composition certificate per task, failing on a certified change."""
+    figures = {}
+    if not plan_.certifications:
+        return figures
+    per_task = task_edits([{"task": pt.task.name} for pt in plan_.terms], edit.term_edits)
+    full = sum(e.double() for e in edit.term_edits)
+    for task, folder in plan_.certifications:
+        z, r = embed_probe_files_for_edit(target, input_files(folder), options.batch_size, f"certify {task.name}",
+                                          options.progress)
+        rows = class_embeddings(target.embed_prompts(task.prompts).double(), len(task.classes))
+        figures[task.name] = certificate(z, r, rows, per_task[task.name], full)
+        require(f"certified predictions changed on {task.name}", figures[task.name]["certified_changed"], 0)
+    return figures
+
+
+def _terms_file_record(plan_: Plan, target, terms: list[dict]) -> dict:
+    tasks = {pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
+             for pt in plan_.terms}
+    where = {"ref": plan_.recipe.target, "base_dir": str(plan_.base_dir),
+             "input_fingerprint": target.input_fingerprint()}
+    return {"terms": terms, "tasks": tasks, "target": where}
 
 
 def _embed_grids(plan_: Plan, target, options: Options, run: Run) -> dict[str, GridEmbeddings]:
@@ -145,6 +195,8 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
         target = targets.load(recipe.target, plan_.base_dir)
         target_key = model_key(target)
     grids = _embed_grids(plan_, target, options, run)
+    plan_ = resolve_descriptors(plan_, grids)
+    plan_, strength = _choose_strengths(plan_, target, grids, options, run)
     check_paths = _check_paths(plan_, recipe.verify.check_inputs)
     check_batch = target.load_inputs(check_paths)
     edit = ROUTES[recipe.route](plan_, target, target_key, grids, check_batch, run, options)
@@ -153,13 +205,16 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
         if recipe.verify.max_descriptor_residual is not None:
             require("descriptor residual", max(residuals.values()), recipe.verify.max_descriptor_residual)
     terms = _term_records(plan_, edit, residuals)
+    with run.stage("certify"):
+        certified = _certify(plan_, target, edit, options)
     with run.stage("evaluate"):
         evaluation = _evaluate(plan_, target, edit.edited, options)
     target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
                      "text_fingerprint": target.text_fingerprint()}
     lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
                        hashlib.sha256(plan_.recipe_bytes).hexdigest(), recipe.export.model_dump(exclude={"out"}))
-    context = (plan_, target, edit, residuals, terms, evaluation, target_record, lock, check_paths, run)
+    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, target_record, lock,
+               check_paths, run)
     if not options.export:  # verified up to the exports; nothing is written
         return _report(*context, NOT_EXPORTED)
     try:
@@ -170,6 +225,9 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
             exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, provenance, run)
             report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
+            if edit.term_edits is not None:
+                record = _terms_file_record(plan_, target, terms)
+                write_terms(staging / TERMS_FILE, edit.term_edits, record["terms"], record["tasks"], record["target"])
             write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
             write_json_atomic(staging / "report.json", report)
             (staging / "README.md").write_text(model_card(target, recipe.target, edit.card, terms, report))
@@ -189,8 +247,8 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, target_record, lock, check_paths,
-            run: Run, exported: dict) -> dict:
+def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, strength, certified, target_record,
+            lock, check_paths, run: Run, exported: dict) -> dict:
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
@@ -201,7 +259,8 @@ def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, targe
     return {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
             "target": target_record, "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
             "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
-            "verify": verify, "evaluation": evaluation, "cache": dict(run.counts), "timings": dict(run.timings),
+            "verify": verify, "strength": strength or {"mode": "fixed"}, "certificate": certified,
+            "evaluation": evaluation, "cache": dict(run.counts), "timings": dict(run.timings),
             "peak_rss_mb": _peak_rss_mb(), "lock_hash": lock["lock_hash"],
             "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
             "precision": list(recipe.export.precision), "triton_models": exported["triton_models"],

@@ -140,7 +140,8 @@ def check(recipe: Path, bank, out, force) -> None:
     p = plan(recipe, Options(bank=bank, out=out, force=force))
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
     for pt in p.terms:
-        click.echo(f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.source}  "
+        kind = "" if len(pt.term.sources) == 1 else f", {pt.term.combine} of {len(pt.term.sources)}"
+        click.echo(f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.label}{kind}  "
                    f"({len(pt.task.probes)}x{len(pt.task.classes)}, grid {pt.task.grid_hash[:12]})")
     click.echo(f"bank {p.bank.root}; output {p.out_dir or '(none: set export.out or --out)'}")
     click.echo("ok")
@@ -169,11 +170,42 @@ def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
                f"reload {_fmt(eq['reload_max_abs_diff'])}")
     residuals = ", ".join(f"{k} {v:.3f}" for k, v in report["verify"]["descriptor_residual"].items())
     click.echo(f"descriptor residual ({report['route']}): {residuals}")
+    if report["strength"]["mode"] == "auto":
+        chosen = ", ".join(f"{w['task']}/{w['source']} {w['chosen']:+.3f}" for w in report["strength"]["weights"])
+        controls = ", ".join(report["strength"]["control_tasks"]) or "none"
+        click.echo(f"strength auto: {chosen} (held-out descriptor fit, control grids: {controls})")
+    for task, figures in report["certificate"].items():
+        click.echo(f"certificate {task:<12} {figures['certified_fraction']:.1%} of {figures['inputs']} inputs certified, "
+                   f"{figures['certified_changed']} certified changed ({figures['changed']} changed in all)")
     for task, figures in report["evaluation"].items():
         click.echo(f"held-out zero-shot {task:<12} {figures['before']:.3f} -> {figures['after']:.3f} "
                    f"({figures['delta_points']:+.1f} points, {figures['role']})")
     where = f"built {p.out_dir}" if not no_export else "verified (--no-export: nothing written)"
     click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
+
+
+@main.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="Folder of inputs (no labels needed).")
+@click.option("--task", "task_name", default=None, help="Which term task (needed when OUTPUT edits several).")
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@handled
+def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
+    """Composition certificate of a built OUTPUT: inputs whose prediction provably equals the
+    single-task model's, whatever the other terms do."""
+    from .certify import certify_output
+
+    if not data.is_dir():
+        from .errors import RecipeError
+        raise RecipeError(f"--data: {data} is not a folder", "give a folder of input files (subfolders are read)")
+    figures = certify_output(output, data, task_name, batch_size)
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    click.echo(f"{figures['task']}: {figures['certified']}/{figures['inputs']} certified "
+               f"({figures['certified_fraction']:.1%}); certified changed {figures['certified_changed']}, "
+               f"changed in all {figures['changed']}")
 
 
 def _fmt(value) -> str:

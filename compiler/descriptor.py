@@ -33,3 +33,53 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Cosine between two descriptors (or operators) as flattened matrices."""
     a, b = a.double().flatten(), b.double().flatten()
     return float(a @ b / (a.norm() * b.norm()))
+
+
+def relative_descriptor(utd: torch.Tensor, source_affinity: torch.Tensor, target_affinity: torch.Tensor) -> torch.Tensor:
+    """Target-relative descriptor (beyond the paper): the source's fine-tuned affinities
+    S_ft = UTD + S_pre(source), standardised by the source's pre-trained statistics on the grid
+    and put in the target's scale, minus the target's own pre-trained affinities:
+
+        R = mu_t + sigma_t (S_ft - mu_s) / sigma_s - S_pre(target)
+
+    (mu, sigma: mean and standard deviation over the whole grid.) A difference descriptor
+    says what the source's fine-tune corrected; R says where the source ended up relative to
+    where the target starts, so a target that already agrees with the expert gets a small edit.
+    With the target as its own source, R equals the UTD. R is linear in UTD, so weighted sums
+    and negation stay well defined: a negative weight moves the target's affinities away from
+    the expert's answers, by as much as the target agrees with them (to forget a task the
+    target knows well, negate a difference descriptor). Global statistics were chosen over
+    per-class or per-probe ones on the zoo's train split (per-class erased most of the gain)."""
+    s_pre, t_pre = source_affinity.double(), target_affinity.double()
+    if s_pre.shape != utd.shape or t_pre.shape != utd.shape:
+        raise ValueError(f"affinities {tuple(s_pre.shape)} and {tuple(t_pre.shape)} do not match the "
+                         f"descriptor {tuple(utd.shape)}")
+    finetuned = utd.double() + s_pre
+    return t_pre.mean() + t_pre.std() * (finetuned - s_pre.mean()) / s_pre.std() - t_pre
+
+
+COMBINE_RULES = ("mean", "normalised", "median")
+
+
+def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = None,
+              combine: str = "mean") -> torch.Tensor:
+    """One descriptor from several sources of the same grid (beyond the paper): if their
+    model-specific residuals are roughly independent, combining cancels part of them.
+
+    - mean: sum_i c_i U_i with c = weights / sum(weights) (uniform by default);
+    - normalised: each U_i scaled to unit norm before the weighted mean, the result rescaled
+      to the weighted mean norm, so one source with a large norm does not dominate;
+    - median: the element-wise median (robust to one wild source; unweighted)."""
+    stacked = torch.stack([u.double() for u in descriptors])
+    if combine == "median":
+        if weights is not None:
+            raise ValueError("a median takes no weights")
+        return stacked.median(dim=0).values if len(descriptors) % 2 else stacked.quantile(0.5, dim=0)
+    c = torch.ones(len(descriptors), dtype=torch.float64) if weights is None else torch.tensor(weights, dtype=torch.float64)
+    c = c / c.sum()
+    if combine == "mean":
+        return torch.einsum("i,inm->nm", c, stacked)
+    if combine == "normalised":
+        norms = stacked.flatten(1).norm(dim=1)
+        return torch.einsum("i,inm->nm", c / norms, stacked) * float(c @ norms)
+    raise ValueError(f"unknown combine rule {combine!r}; expected one of {COMBINE_RULES}")

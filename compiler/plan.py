@@ -18,9 +18,16 @@ from .recipe import Recipe, Term, load_recipe
 
 @dataclass(frozen=True)
 class PlannedTerm:
+    """A recipe term resolved against the bank. `descriptor` is what the solve uses: the one
+    source's entry for a plain term; for a consensus or a relative term it depends on the
+    target, and terms.resolve_descriptors fills it in once the target's grids are embedded.
+    `weight` is the strength the build applies (the recipe's, until `strength: auto` sets it)."""
+
     term: Term
     task: TaskRecord
-    descriptor: Entry
+    sources: tuple[Entry, ...]
+    descriptor: Entry | None
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,36 @@ class Plan:
     terms: tuple[PlannedTerm, ...]
     out_dir: Path | None
     evaluations: tuple[tuple[TaskRecord, Path], ...] = ()  # (task, labelled folder)
+    controls: tuple[TaskRecord, ...] = ()                  # control grids of `strength: auto`
+    certifications: tuple[tuple[TaskRecord, Path], ...] = ()  # (task, folder of inputs)
 
     @property
     def base_dir(self) -> Path:
         return self.recipe_path.parent
+
+
+def _checked_source(bank: Bank, term: Term, task: TaskRecord, source: str) -> Entry:
+    entry = bank.descriptor(term.task, source)
+    if entry.meta.get("grid_hash") != task.grid_hash:
+        raise BankError(f"descriptor {source!r} was computed on another grid of task {term.task!r} "
+                        f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
+                        "recompute it with `ptc descriptor add`")
+    text = entry.meta.get("finetuned_text_fingerprint")
+    if text is not None and text != entry.meta.get("text_fingerprint"):
+        raise BankError(f"descriptor {source!r} of task {term.task!r} comes from a fine-tune whose text "
+                        "tower differs from its source's; its affinities do not share prompts",
+                        "recompute it from a fine-tune with a frozen text tower")
+    expected = (len(task.probes), len(task.classes))
+    for name in ("utd", "source_affinity") if term.kind == "relative" else ("utd",):
+        if name not in entry.tensors:
+            raise BankError(f"descriptor {source!r} of task {term.task!r} has no source affinities, which "
+                            "`kind: relative` reads (it was made by an older ptc)",
+                            "recompute it with `ptc descriptor add`, or use kind: difference")
+        if tuple(entry.tensors[name].shape) != expected:
+            raise BankError(f"descriptor {source!r} of task {term.task!r} is "
+                            f"{tuple(entry.tensors[name].shape)} but the grid is {expected}",
+                            "recompute it with `ptc descriptor add`")
+    return entry
 
 
 def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> PlannedTerm:
@@ -45,22 +78,9 @@ def _plan_term(bank: Bank, term: Term, checked_tasks: dict[str, TaskRecord]) -> 
         check_grid_unchanged(task)
         checked_tasks[term.task] = task
     task = checked_tasks[term.task]
-    entry = bank.descriptor(term.task, term.source)
-    if entry.meta.get("grid_hash") != task.grid_hash:
-        raise BankError(f"descriptor {term.source!r} was computed on another grid of task {term.task!r} "
-                        f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
-                        "recompute it with `ptc descriptor add`")
-    text = entry.meta.get("finetuned_text_fingerprint")
-    if text is not None and text != entry.meta.get("text_fingerprint"):
-        raise BankError(f"descriptor {term.source!r} of task {term.task!r} comes from a fine-tune whose text "
-                        "tower differs from its source's; its affinities do not share prompts",
-                        "recompute it from a fine-tune with a frozen text tower")
-    expected = (len(task.probes), len(task.classes))
-    if tuple(entry.tensors["utd"].shape) != expected:
-        raise BankError(f"descriptor {term.source!r} of task {term.task!r} is "
-                        f"{tuple(entry.tensors['utd'].shape)} but the grid is {expected}",
-                        "recompute it with `ptc descriptor add`")
-    return PlannedTerm(term, task, entry)
+    sources = tuple(_checked_source(bank, term, task, source) for source in term.sources)
+    plain = len(sources) == 1 and term.kind == "difference"
+    return PlannedTerm(term, task, sources, sources[0] if plain else None, term.weight)
 
 
 def _recipe_output(recipe_path: Path, written: str) -> Path:
@@ -112,20 +132,56 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
             planned.append(_plan_term(bank, term, checked))
         except PtcError as exc:
             raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
+    term_tasks = {pt.task.name for pt in planned}
+    if recipe.verify.certify and recipe.route != "closed_form":
+        raise RecipeError(f"{recipe_path}: verify.certify: the certificate needs the closed form's per-term "
+                          f"edits; route {recipe.route!r} has none", "use route: closed_form, or drop verify.certify")
     return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
-                _output_dir(recipe, recipe_path, options), _plan_evaluations(recipe, recipe_path, bank))
+                _output_dir(recipe, recipe_path, options),
+                _plan_folders(recipe.evaluate, "evaluate", recipe_path, bank,
+                              "give a labelled folder DIR/<class name>/<files>, relative to the recipe"),
+                _plan_controls(recipe, recipe_path, bank, term_tasks),
+                _plan_folders(recipe.verify.certify, "verify.certify", recipe_path, bank,
+                              "give a folder of inputs (labels are not needed), relative to the recipe",
+                              only=term_tasks))
 
 
-def _plan_evaluations(recipe: Recipe, recipe_path: Path, bank: Bank) -> tuple[tuple[TaskRecord, Path], ...]:
+def _plan_folders(folders: dict[str, str], field: str, recipe_path: Path, bank: Bank, hint: str,
+                  only: set[str] | None = None) -> tuple[tuple[TaskRecord, Path], ...]:
+    """(task, folder) for a recipe block mapping task names to data folders."""
     planned = []
-    for name, folder in recipe.evaluate.items():
+    for name, folder in folders.items():
+        if only is not None and name not in only:
+            raise RecipeError(f"{recipe_path}: {field}.{name}: {name!r} is no term's task",
+                              f"certify one of the recipe's tasks: {', '.join(sorted(only))}")
         try:
             task = bank.task(name)
         except PtcError as exc:
-            raise type(exc)(f"{recipe_path}: evaluate.{name}: {exc.message}", exc.hint) from None
+            raise type(exc)(f"{recipe_path}: {field}.{name}: {exc.message}", exc.hint) from None
         data = (recipe_path.parent / Path(folder).expanduser()).resolve()
         if not data.is_dir():
-            raise RecipeError(f"{recipe_path}: evaluate.{name}: {data} is not a folder",
-                              "give a labelled folder DIR/<class name>/<files>, relative to the recipe")
+            raise RecipeError(f"{recipe_path}: {field}.{name}: {data} is not a folder", hint)
         planned.append((task, data))
     return tuple(planned)
+
+
+def _plan_controls(recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: set[str]) -> tuple[TaskRecord, ...]:
+    """The control grids `strength: auto` bounds: as listed, or every other registered task."""
+    if recipe.strength.mode != "auto":
+        return ()
+    names = recipe.strength.control
+    if names is None:
+        names = tuple(n for n in bank.task_names() if n not in term_tasks)
+    controls = []
+    for index, name in enumerate(names):
+        field = f"strength.control[{index}]"
+        if name in term_tasks:
+            raise RecipeError(f"{recipe_path}: {field}: {name!r} is a term's task, not a control",
+                              "a control grid must come from a task no term edits")
+        try:
+            task = bank.task(name)
+            check_grid_unchanged(task)
+        except PtcError as exc:
+            raise type(exc)(f"{recipe_path}: {field}: {exc.message}", exc.hint) from None
+        controls.append(task)
+    return tuple(controls)

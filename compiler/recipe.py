@@ -4,6 +4,7 @@ in `options.py`; resolving the recipe against the bank is `build.plan`."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -27,10 +28,49 @@ def _finite(value: float) -> float:
     return value
 
 
+MAX_SOURCES = 16
+
+
+def _as_tuple(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
 class Term(_Strict):
+    """One signed task term. `source` names one descriptor of the task, or several: then the
+    term's descriptor is their consensus (`combine`, optionally weighted by `source_weights`).
+    `kind: relative` reads each source as the answers its fine-tune gives, in the target's
+    affinity scale, minus the target's own: see descriptor.relative_descriptor."""
+
     task: str = pydantic.Field(pattern=NAME_PATTERN)
-    source: str = pydantic.Field(pattern=NAME_PATTERN, description="descriptor id in the bank")
+    source: tuple[str, ...] = pydantic.Field(description="descriptor id(s) in the bank; one may be written bare")
+    source_weights: tuple[float, ...] | None = None
+    combine: Literal["mean", "normalised", "median"] = "mean"
+    kind: Literal["difference", "relative"] = "difference"
     weight: float
+
+    _tuples = pydantic.field_validator("source_weights", mode="before")(lambda cls, v: _as_tuple(v))
+
+    @pydantic.field_validator("source", mode="before")
+    @classmethod
+    def _source_ids(cls, value):
+        ids = (value,) if isinstance(value, str) else _as_tuple(value)
+        if not isinstance(ids, tuple) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("expected a descriptor id or a list of them")
+        if not 1 <= len(ids) <= MAX_SOURCES:
+            raise ValueError(f"expected 1 to {MAX_SOURCES} descriptor ids")
+        for descriptor_id in ids:
+            if not re.match(NAME_PATTERN, descriptor_id):
+                raise ValueError(f"descriptor id {descriptor_id!r} is not valid (letters, digits, '.', '_', '-')")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"descriptor ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+        return ids
+
+    @pydantic.field_validator("source_weights", mode="after")
+    @classmethod
+    def _source_weights(cls, value):
+        if value is not None and not all(math.isfinite(w) and w > 0 for w in value):
+            raise ValueError("expected positive finite numbers (they are normalised to sum to 1)")
+        return value
 
     @pydantic.field_validator("weight", mode="before")
     @classmethod
@@ -42,6 +82,25 @@ class Term(_Strict):
             raise ValueError(f"expected a non-zero weight with |weight| <= {MAX_ABS_WEIGHT:g} "
                              "(the paper uses 0.5 to add and -0.5 or -1 to negate)")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _consensus(self):
+        if self.source_weights is not None:
+            if len(self.source_weights) != len(self.sources):
+                raise ValueError(f"source_weights has {len(self.source_weights)} numbers for "
+                                 f"{len(self.sources)} sources")
+            if self.combine == "median":
+                raise ValueError("source_weights cannot weight a median; use combine: mean or normalised")
+        return self
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.source
+
+    @property
+    def label(self) -> str:
+        """How reports name the term's source: the id, or `a+b+c` for a consensus."""
+        return "+".join(self.sources) + (" (relative)" if self.kind == "relative" else "")
 
 
 def _positive_finite(value):
@@ -59,6 +118,23 @@ class Solve(_Strict):
     _ridge = pydantic.field_validator("ridge", mode="before")(lambda cls, v: _positive_finite(v))
 
 
+class Strength(_Strict):
+    """How term weights are set. `fixed`: as written. `auto`: each term keeps its sign and its
+    magnitude is chosen without labels (compiler/strength.py): the weights that best reproduce
+    every term's descriptor on probes held out of the solve, while the predicted movement of
+    control grids (tasks that are no term's) is penalised with `control_weight`."""
+
+    mode: Literal["fixed", "auto"] = "fixed"
+    control: tuple[str, ...] | None = None  # control tasks; None: every bank task that is no term's
+    control_weight: float = 1.0             # 1.0 chosen on the zoo's train split (results/paper-full.md)
+    max_weight: float = 1.0
+    folds: int = pydantic.Field(default=4, ge=2, le=16)
+
+    _control = pydantic.field_validator("control", mode="before")(lambda cls, v: _as_tuple(v))
+    _positive = pydantic.field_validator("control_weight", "max_weight", mode="before")(
+        lambda cls, v: _positive_finite(v))
+
+
 class Verify(_Strict):
     linearity_rtol: float = 1e-6  # at the float32 precision operators are stored in
     linearity_rtol_fp64: float = 1e-12
@@ -68,6 +144,9 @@ class Verify(_Strict):
     # reports it without a limit.
     max_descriptor_residual: float | None = None
     check_inputs: int = pydantic.Field(default=16, ge=2, le=4096)
+    # The composition certificate (compiler/certify.py) per task: a folder of inputs (labels
+    # not needed, relative to the recipe). The build fails if a certified prediction changes.
+    certify: dict[str, str] = {}
 
     _tolerances = pydantic.field_validator(
         "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", "max_descriptor_residual", mode="before"
@@ -121,6 +200,7 @@ class Recipe(_Strict):
     terms: tuple[Term, ...] = pydantic.Field(min_length=1)
     route: Literal["closed_form", "adapter"] = "closed_form"
     solve: Solve = Solve()
+    strength: Strength = Strength()
     adapter: Adapter = Adapter()
     verify: Verify = Verify()
     export: Export = Export()
@@ -134,6 +214,11 @@ class Recipe(_Strict):
     def _terms(cls, value):
         return tuple(value) if isinstance(value, list) else value
 
+    @pydantic.field_validator("strength", mode="before")
+    @classmethod
+    def _strength_shorthand(cls, value):
+        return {"mode": value} if isinstance(value, str) else value
+
 
 def load_recipe(path: Path) -> Recipe:
     path = Path(path)
@@ -141,10 +226,10 @@ def load_recipe(path: Path) -> Recipe:
     recipe = validate(Recipe, data, path, locate, RecipeError)
     seen: set[tuple[str, str]] = set()
     for index, term in enumerate(recipe.terms):
-        key = (term.task, term.source)
+        key = (term.task, term.label)
         if key in seen:
             line = locate(("terms", index))
             raise RecipeError(f"{path}:{line}: terms[{index}]: task {term.task!r} from source "
-                              f"{term.source!r} appears twice", "merge the two terms into one weight")
+                              f"{term.label!r} appears twice", "merge the two terms into one weight")
         seen.add(key)
     return recipe

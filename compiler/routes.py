@@ -60,24 +60,27 @@ class Edit:
     lock: dict
     term_hashes: list[str | None]
     card: str
+    term_edits: list[torch.Tensor] | None = None  # per-term signed edits (closed form): the certificate's input
 
 
 def grid_goals(plan_: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
     """sum_l w_l U_l per grid (float64): what the edit should do to each grid's affinities."""
     goals: dict[str, torch.Tensor] = {}
     for pt in plan_.terms:
-        scaled = pt.term.weight * pt.descriptor.tensors["utd"].double()
+        scaled = pt.weight * pt.descriptor.tensors["utd"].double()
         goals[pt.task.name] = goals[pt.task.name] + scaled if pt.task.name in goals else scaled
     return goals
 
 
 def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
-    """Per task grid: the term's descriptor plus up to two more of that task from the bank."""
+    """Per task grid: the terms' descriptors, then more of that task from the bank, three in all."""
     per_task = {}
     for name, grid_factors in factors.items():
-        ids = [pt.term.source for pt in plan_.terms if pt.task.name == name]
-        ids += [i for i in plan_.bank.descriptor_ids(name) if i not in ids]
-        descriptors = [plan_.bank.descriptor(name, i).tensors["utd"] for i in ids[:3]]
+        mine = [pt for pt in plan_.terms if pt.task.name == name]
+        used = {source for pt in mine for source in pt.term.sources}
+        descriptors = [pt.descriptor.tensors["utd"] for pt in mine][:3]
+        for extra in [i for i in plan_.bank.descriptor_ids(name) if i not in used][:3 - len(descriptors)]:
+            descriptors.append(plan_.bank.descriptor(name, extra).tensors["utd"])
         per_task[name] = linearity(grid_factors, descriptors, ridge)
     return {"max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
             "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
@@ -91,7 +94,7 @@ def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings],
     if all(emb.regressors is None for emb in grids.values()):
         return None
     factors = {name: factorize(emb.inputs, emb.class_rows) for name, emb in grids.items()}
-    operator = sum(pt.term.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
+    operator = sum(pt.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
                    for pt in plan_.terms)
     goals = grid_goals(plan_, grids)
     return {"descriptor_residual": {
@@ -109,7 +112,8 @@ def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbed
     with run.stage("solve"):
         operators = [ensure_operator(plan_.bank, target_key, target, pt.task, pt.descriptor,
                                      factors[pt.task.name], ridge, run.counts) for pt in plan_.terms]
-        edit = sum(pt.term.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators))
+        term_edits = [pt.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators)]
+        edit = sum(term_edits)
     with run.stage("verify_linearity"):
         lin = _linearity(plan_, factors, ridge)
         require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
@@ -126,7 +130,8 @@ def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbed
     if reference is not None:
         report["embedding_operator_reference"] = reference
     return Edit(edited, grid_inputs, diff, report, {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
-                f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}")
+                f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}",
+                term_edits)
 
 
 def adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],

@@ -1,0 +1,52 @@
+"""From planned terms to the descriptors the solve uses, once the target's grids are embedded.
+
+A plain term (one source, `kind: difference`) uses its bank entry as is, so its operator is
+cached under the entry's hash exactly as before. A consensus or a relative term gets a
+descriptor made here (descriptor.consensus, descriptor.relative_descriptor) and keyed by its
+own content hash: a relative descriptor depends on the target, so its operator cache entry
+(which is per target anyway) is too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .bank import Entry
+from .descriptor import affinity, consensus, relative_descriptor
+from .embed import GridEmbeddings
+from .hashing import tensors_sha256
+from .plan import Plan, PlannedTerm
+
+
+def source_descriptor(entry: Entry, kind: str, target_affinity: torch.Tensor) -> torch.Tensor:
+    """One source's descriptor as the term reads it (float64)."""
+    if kind == "relative":
+        return relative_descriptor(entry.tensors["utd"], entry.tensors["source_affinity"], target_affinity)
+    return entry.tensors["utd"].double()
+
+
+def term_descriptor(pt: PlannedTerm, grid: GridEmbeddings) -> Entry:
+    """The term's descriptor as a bank-style entry (not written to the bank)."""
+    term = pt.term
+    target_affinity = affinity(grid.inputs.double(), grid.class_rows.double())
+    parts = [source_descriptor(entry, term.kind, target_affinity) for entry in pt.sources]
+    utd = parts[0] if len(parts) == 1 else consensus(
+        parts, list(term.source_weights) if term.source_weights else None, term.combine)
+    tensors = {"utd": utd.contiguous()}
+    meta = {"id": term.label, "kind": term.kind, "combine": term.combine if len(parts) > 1 else None,
+            "sources": [entry.meta.get("id") for entry in pt.sources],
+            "source_sha256": [entry.sha256 for entry in pt.sources], "grid_hash": pt.task.grid_hash}
+    return Entry(pt.sources[0].path, tensors, meta, tensors_sha256(tensors, prefix=f"ptc-term|{term.kind}|"))
+
+
+def resolve_descriptors(plan_: Plan, grids: dict[str, GridEmbeddings]) -> Plan:
+    """The plan with every term's `descriptor` filled in for this target."""
+    terms = tuple(pt if pt.descriptor is not None else replace(pt, descriptor=term_descriptor(pt, grids[pt.task.name]))
+                  for pt in plan_.terms)
+    return replace(plan_, terms=terms)
+
+
+def with_weights(plan_: Plan, weights: list[float]) -> Plan:
+    return replace(plan_, terms=tuple(replace(pt, weight=w) for pt, w in zip(plan_.terms, weights)))

@@ -1,0 +1,297 @@
+"""Beyond the paper (issue #8): consensus and target-relative descriptors, label-free
+strengths and the composition certificate, each checked against an independent computation
+and through real builds on the tiny world."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import targets
+from compiler.bank import Bank
+from compiler.certify import certificate
+from compiler.descriptor import affinity, consensus, relative_descriptor
+from compiler.embed import embed_grid
+from compiler.recipe import Strength
+from compiler.solve import solve_dense
+from compiler.strength import choose_strengths
+from conftest import run_ptc, write_recipe
+
+RIDGE = 0.01
+
+
+# -- pure math ----------------------------------------------------------------------------------
+def _descriptors(count=3, shape=(9, 4), seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator, dtype=torch.float64) * (i + 1) for i in range(count)]
+
+
+def test_consensus_rules_match_their_definitions():
+    us = _descriptors()
+    arrays = np.stack([u.numpy() for u in us])
+    assert np.allclose(consensus(us).numpy(), arrays.mean(axis=0))
+    weights = np.array([1.0, 2.0, 5.0])
+    assert np.allclose(consensus(us, list(weights)).numpy(), np.tensordot(weights / weights.sum(), arrays, 1))
+    norms = np.linalg.norm(arrays.reshape(3, -1), axis=1)
+    expected = np.tensordot(weights / weights.sum() / norms, arrays, 1) * float(weights / weights.sum() @ norms)
+    assert np.allclose(consensus(us, list(weights), "normalised").numpy(), expected)
+    assert np.allclose(consensus(us, combine="median").numpy(), np.median(arrays, axis=0))
+    assert np.allclose(consensus(us[:2], combine="median").numpy(), np.median(arrays[:2], axis=0))
+    with pytest.raises(ValueError, match="median takes no weights"):
+        consensus(us, [1, 1, 1], "median")
+
+
+def test_the_relative_descriptor_is_the_standardised_expert_minus_the_target():
+    utd, source, target = _descriptors(3, seed=1)
+    s, t = source.numpy(), target.numpy()
+    finetuned = utd.numpy() + s
+    expected = t.mean() + t.std(ddof=1) * (finetuned - s.mean()) / s.std(ddof=1) - t
+    assert np.allclose(relative_descriptor(utd, source, target).numpy(), expected)
+    # With the target as its own source it is the paper's descriptor ...
+    assert torch.allclose(relative_descriptor(utd, source, source), utd)
+    # ... and it does not depend on the source's affinity scale, only on its shape.
+    assert torch.allclose(relative_descriptor(3 * utd, 3 * source + 0.7, target), relative_descriptor(utd, source, target))
+
+
+def test_the_certificate_is_the_margin_against_the_bound_and_is_sound():
+    generator = torch.Generator().manual_seed(3)
+    z = torch.randn(400, 8, generator=generator, dtype=torch.float64)
+    rows = torch.nn.functional.normalize(torch.randn(5, 8, generator=generator, dtype=torch.float64), dim=1)
+    own = 0.3 * torch.randn(8, 8, generator=generator, dtype=torch.float64)
+    other = 0.2 * torch.randn(8, 8, generator=generator, dtype=torch.float64)
+    figures = certificate(z, None, rows, own, own + other)
+    # Independent: the same margin and bound written out per input.
+    single = z + z @ own.T
+    single /= single.norm(dim=1, keepdim=True)
+    composed = z + z @ (own + other).T
+    composed /= composed.norm(dim=1, keepdim=True)
+    certified = changed = both = 0
+    for f1, f in zip(single, composed):
+        scores = (rows @ f1).tolist()
+        top = max(range(5), key=scores.__getitem__)
+        margin = scores[top] - max(s for j, s in enumerate(scores) if j != top)
+        bound = max(float((rows[top] - rows[j]).norm()) for j in range(5)) * float((f - f1).norm())
+        moved = int((rows @ f).argmax()) != top
+        certified += margin > bound + 1e-9
+        changed += moved
+        both += moved and margin > bound + 1e-9
+    assert (figures["certified"], figures["changed"], figures["certified_changed"]) == (certified, changed, both)
+    assert both == 0 and 0 < certified < 400 and changed > 0  # the case is neither trivial nor vacuous
+    # No other term: every prediction with a positive margin is certified and none changes.
+    alone = certificate(z, None, rows, own, own)
+    assert alone["certified"] == 400 and alone["changed"] == 0
+
+
+# -- on the tiny world ----------------------------------------------------------------------------
+@pytest.fixture()
+def two_sources(world, bank_copy):
+    """The session bank with a second colour descriptor, 'other': the source's, reshaped and
+    rescaled, as another model's would be (a consensus only needs two entries of one grid)."""
+    bank = Bank(bank_copy)
+    src = bank.descriptor("colour", "src")
+    utd = src.tensors["utd"]
+    other = 0.6 * utd + 0.02 * torch.flip(utd, dims=[0])
+    bank.put_descriptor("colour", "other", {"utd": other, "source_affinity": src.tensors["source_affinity"] * 1.3},
+                        {**src.meta, "id": "other"})
+    return bank
+
+
+def _target_grid(world, bank, task):
+    target = targets.load(f"hf:{world.target}")
+    return target, embed_grid(target, bank.task(task), bank, progress=False)
+
+
+def _built_edits(out):
+    from safetensors import safe_open
+    with safe_open(str(out / "terms.safetensors"), "pt") as handle:
+        record = json.loads(handle.metadata()["ptc"])
+        return record, [handle.get_tensor(f"term_{i}") for i in range(len(record["terms"]))]
+
+
+def test_a_consensus_term_solves_the_weighted_mean_of_its_sources(world, two_sources, tmp_path):
+    terms = [{"task": "colour", "source": ["src", "other"], "source_weights": [3, 1], "weight": 0.5}]
+    recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    term = report["terms"][0]
+    assert term["source"] == "src+other" and term["sources"] == ["src", "other"] and term["combine"] == "mean"
+    assert term["source_descriptor_sha256"] == [two_sources.descriptor("colour", i).sha256 for i in ("src", "other")]
+    _, grid = _target_grid(world, two_sources, "colour")
+    mean = 0.75 * two_sources.descriptor("colour", "src").tensors["utd"].double() \
+        + 0.25 * two_sources.descriptor("colour", "other").tensors["utd"].double()
+    expected = 0.5 * solve_dense(grid.inputs, grid.class_rows, mean, RIDGE)
+    _, edits = _built_edits(tmp_path / "out")
+    assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_a_relative_term_solves_the_expert_minus_the_targets_own_affinities(world, two_sources, tmp_path):
+    terms = [{"task": "colour", "source": "other", "kind": "relative", "weight": -0.5}]
+    recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    _, grid = _target_grid(world, two_sources, "colour")
+    entry = two_sources.descriptor("colour", "other")
+    s = entry.tensors["source_affinity"].double().numpy()
+    t = affinity(grid.inputs.double(), grid.class_rows.double()).numpy()
+    relative = t.mean() + t.std(ddof=1) * (entry.tensors["utd"].double().numpy() + s - s.mean()) / s.std(ddof=1) - t
+    expected = -0.5 * solve_dense(grid.inputs, grid.class_rows, torch.from_numpy(relative), RIDGE)
+    _, edits = _built_edits(tmp_path / "out")
+    assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["terms"][0]["kind"] == "relative" and report["terms"][0]["source"] == "other (relative)"
+
+
+def test_a_relative_term_on_a_descriptor_without_source_affinities_is_refused(world, bank_copy, tmp_path):
+    bank = Bank(bank_copy)
+    src = bank.descriptor("colour", "src")
+    bank.put_descriptor("colour", "old", {"utd": src.tensors["utd"]}, {**src.meta, "id": "old"})
+    terms = [{"task": "colour", "source": "old", "kind": "relative", "weight": 0.5}]
+    result = run_ptc("check", write_recipe(tmp_path / "r.yaml", world, terms, bank=str(bank_copy)))
+    assert result.returncode == 2
+    assert "terms[0]: descriptor 'old' of task 'colour' has no source affinities" in result.stderr
+    assert "ptc descriptor add" in result.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"terms": [{"task": "colour", "source": ["src", "src"], "weight": 0.5}]}, "descriptor ids repeat"),
+    ({"terms": [{"task": "colour", "source": ["src"], "source_weights": [1, 2], "weight": 0.5}]},
+     "source_weights has 2 numbers for 1 sources"),
+    ({"terms": [{"task": "colour", "source": ["src"], "source_weights": [1], "combine": "median", "weight": 0.5}]},
+     "cannot weight a median"),
+    ({"terms": [{"task": "colour", "source": "src", "kind": "ratio", "weight": 0.5}]}, "kind"),
+    ({"strength": {"mode": "auto", "control": ["colour"]}}, "strength.control[0]: 'colour' is a term's task"),
+    ({"strength": "sometimes"}, "strength"),
+    ({"verify": {"certify": {"nope": "."}}}, "verify.certify.nope: 'nope' is no term's task"),
+    ({"route": "adapter", "verify": {"certify": {"colour": "."}}}, "verify.certify: the certificate needs"),
+])
+def test_bad_beyond_settings_are_one_clear_line(world, tmp_path, change, message):
+    result = run_ptc("check", write_recipe(tmp_path / "r.yaml", world, **change))
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) <= 2
+
+
+def _objective(terms, grids, controls, magnitudes, folds, mu):
+    """The auto-strength objective written out directly, with solve_dense."""
+    total = 0.0
+    for g in dict.fromkeys(t for t, _, _ in terms):
+        emb, goal = grids[g], sum(s * u for t, u, s in terms if t == g)
+        n, residual = emb.inputs.shape[0], 0.0
+        for k in range(folds):
+            held = torch.arange(n) % folds == k
+            predicted = 0
+            for (task, u, sign), m in zip(terms, magnitudes):
+                fit = ~(torch.arange(grids[task].inputs.shape[0]) % folds == k)
+                a = solve_dense(grids[task].inputs[fit], grids[task].class_rows, u[fit], RIDGE)
+                f = emb.inputs[held].double()
+                predicted = predicted + m * sign * (f / f.norm(dim=1, keepdim=True)) @ a.T @ emb.class_rows.double().T
+            residual += float((predicted - goal[held]).square().sum())
+        total += residual / float(goal.square().sum())
+    for emb in controls.values():
+        pre = affinity(emb.inputs.double(), emb.class_rows.double())
+        f = emb.inputs.double() / emb.inputs.double().norm(dim=1, keepdim=True)
+        moved = sum(m * sign * f @ solve_dense(grids[task].inputs, grids[task].class_rows, u, RIDGE).T
+                    @ emb.class_rows.double().T for (task, u, sign), m in zip(terms, magnitudes))
+        total += mu / len(controls) * float(moved.square().sum()) / float((pre - pre.mean(1, keepdim=True)).square().sum())
+    return total
+
+
+def test_auto_strengths_minimise_the_held_out_objective(world):
+    bank = Bank(world.bank)
+    target, colour = _target_grid(world, bank, "colour")
+    shape = embed_grid(target, bank.task("shape"), bank, progress=False)
+    terms = [("colour", bank.descriptor("colour", "src").tensors["utd"].double(), 1.0)]
+    config = Strength(mode="auto", folds=4, control_weight=0.5, max_weight=10.0)
+    chosen = choose_strengths(terms, {"colour": colour}, {"shape": shape}, RIDGE, config)
+    m = abs(chosen["weights"][0])
+    assert m > 0
+    at = lambda value: _objective(terms, {"colour": colour}, {"shape": shape}, [value], 4, 0.5)  # noqa: E731
+    best = at(m)
+    assert best <= min(at(m * 0.9), at(m * 1.1)) + 1e-12
+    assert best <= min(at(v) for v in np.linspace(0.0, 3 * m, 31)) + 1e-12
+
+
+def test_two_auto_strengths_jointly_minimise_it_and_keep_their_signs(world):
+    bank = Bank(world.bank)
+    target, colour = _target_grid(world, bank, "colour")
+    shape = embed_grid(target, bank.task("shape"), bank, progress=False)
+    grids = {"colour": colour, "shape": shape}
+    terms = [("colour", bank.descriptor("colour", "src").tensors["utd"].double(), 1.0),
+             ("shape", bank.descriptor("shape", "src").tensors["utd"].double(), -1.0)]
+    chosen = choose_strengths(terms, grids, {}, RIDGE, Strength(mode="auto", max_weight=10.0))
+    w = chosen["weights"]
+    assert w[0] >= 0 and w[1] <= 0
+    magnitudes = [abs(v) for v in w]
+    best = _objective(terms, grids, {}, magnitudes, 4, 1.0)
+    for dx, dy in [(0.05, 0), (-0.05, 0), (0, 0.05), (0, -0.05)]:
+        nudged = [max(0.0, magnitudes[0] * (1 + dx)), max(0.0, magnitudes[1] * (1 + dy))]
+        assert best <= _objective(terms, grids, {}, nudged, 4, 1.0) + 1e-12
+
+
+def test_a_build_with_auto_strength_applies_and_reports_the_chosen_weights(world, tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", world, [{"task": "colour", "source": "src", "weight": 0.5}],
+                          strength="auto", solve={"ridge": RIDGE})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    strength = report["strength"]
+    assert strength["mode"] == "auto" and strength["control_tasks"] == ["shape"]
+    chosen = strength["weights"][0]["chosen"]
+    assert report["terms"][0]["weight"] == chosen and report["terms"][0]["written_weight"] == 0.5
+    assert f"strength auto: colour/src {chosen:+.3f}" in result.stdout
+    bank = Bank(world.bank)
+    _, grid = _target_grid(world, bank, "colour")
+    expected = chosen * solve_dense(grid.inputs, grid.class_rows, bank.descriptor("colour", "src").tensors["utd"], RIDGE)
+    _, edits = _built_edits(tmp_path / "out")
+    assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
+
+
+# -- the certificate through builds and `ptc certify` ---------------------------------------------
+@pytest.fixture(scope="module")
+def certified(world, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("certified")
+    data = {t: str(world.tasks[t].parent / "test") for t in ("colour", "shape")}
+    recipe = write_recipe(folder / "r.yaml", world, verify={"certify": data})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    return folder / "out", result, data
+
+
+def test_a_build_certifies_each_task_and_no_certified_prediction_changes(certified):
+    out, result, _ = certified
+    report = json.loads((out / "report.json").read_text())
+    for task in ("colour", "shape"):
+        figures = report["certificate"][task]
+        assert figures["certified_changed"] == 0 and figures["inputs"] > 0
+        assert f"certificate {task}" in result.stdout
+
+
+def test_ptc_certify_recomputes_the_builds_certificate_from_the_output(certified):
+    out, _, data = certified
+    report = json.loads((out / "report.json").read_text())
+    result = run_ptc("certify", out, "--data", data["colour"], "--task", "colour", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for key in ("inputs", "certified", "changed", "certified_changed"):
+        assert figures[key] == report["certificate"]["colour"][key]
+    assert figures["certified_fraction"] == pytest.approx(report["certificate"]["colour"]["certified_fraction"])
+
+
+def test_ptc_certify_refuses_what_it_cannot_certify(certified, tmp_path, world):
+    out, _, data = certified
+    result = run_ptc("certify", out, "--data", data["colour"])
+    assert result.returncode == 2 and "edits 2 tasks (colour, shape)" in result.stderr and "--task" in result.stderr
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    terms = copy / "terms.safetensors"
+    terms.write_bytes(terms.read_bytes()[:-8] + bytes(8))
+    result = run_ptc("certify", copy, "--data", data["colour"], "--task", "colour")
+    assert result.returncode == 2 and "does not match the hash in" in result.stderr
+    terms.unlink()
+    result = run_ptc("certify", copy, "--data", data["colour"], "--task", "colour")
+    assert result.returncode == 2 and "no terms.safetensors" in result.stderr
