@@ -9,7 +9,8 @@ magnitude m_l >= 0 minimises, in closed form,
   induces on those held-out probes of term grid g (K folds, each probe held out once);
 - T_g = sum of the signed descriptors of the terms on grid g, on the same held-out probes;
 - Q_lc: what term l's operator (solved on all probes) does to control grid c, a task no
-  term edits; S_c that grid's pre-trained affinities, centred per probe; mu = control_weight.
+  term edits, centred per probe (a shift shared by all of a probe's classes changes no
+  prediction); S_c that grid's pre-trained affinities, centred alike; mu = control_weight.
 
 The first part asks how much of each descriptor the target can reproduce on probes the solve
 never saw, with the other terms' spill-over on the same grid counted (so J interfering terms
@@ -36,6 +37,10 @@ def _rows(emb: GridEmbeddings, mask: torch.Tensor | None = None) -> torch.Tensor
 
 def _induced(emb: GridEmbeddings, operator: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(emb, mask) @ operator.T @ emb.class_rows.double().T
+
+
+def _centred(scores: torch.Tensor) -> torch.Tensor:
+    return scores - scores.mean(dim=1, keepdim=True)
 
 
 def _fold_masks(n: int, folds: int) -> list[torch.Tensor]:
@@ -86,8 +91,10 @@ def choose_strengths(terms: list[tuple[str, torch.Tensor, float]], grids: dict[s
     control_induced, control_scale = {}, {}
     for name, emb in controls.items():
         pre = affinity(emb.inputs.double(), emb.class_rows.double())
-        control_scale[name] = float((pre - pre.mean(dim=1, keepdim=True)).square().sum()) or 1.0
-        control_induced[name] = [_induced(emb, a) for a in full]
+        control_scale[name] = float(_centred(pre).square().sum()) or 1.0
+        # Only the part of a probe's movement that differs between classes can change its
+        # prediction; a shift shared by every class of a probe cannot.
+        control_induced[name] = [_centred(_induced(emb, a)) for a in full]
         for i in range(count):
             for j in range(count):
                 gram[i, j] += (config.control_weight / len(controls) * float(

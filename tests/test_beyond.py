@@ -197,6 +197,7 @@ def _objective(terms, grids, controls, magnitudes, folds, mu):
         f = emb.inputs.double() / emb.inputs.double().norm(dim=1, keepdim=True)
         moved = sum(m * sign * f @ solve_dense(grids[task].inputs, grids[task].class_rows, u, RIDGE).T
                     @ emb.class_rows.double().T for (task, u, sign), m in zip(terms, magnitudes))
+        moved = moved - moved.mean(1, keepdim=True)  # only what differs between classes can flip a prediction
         total += mu / len(controls) * float(moved.square().sum()) / float((pre - pre.mean(1, keepdim=True)).square().sum())
     return total
 

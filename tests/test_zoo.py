@@ -119,7 +119,9 @@ def test_paper_results_carry_the_issue_keys(results):
     for dotted in ("addition.retention", "addition.cross_model_gain", "addition.oracle_gain",
                    "addition.random_utd_gain", "addition.control_delta", "negation.lambda_1.removed_delta",
                    "negation.lambda_1.control_delta", "agreement.same_task_cosine",
-                   "agreement.different_task_cosine", "linearity.max_rel_diff_fp64"):
+                   "agreement.different_task_cosine", "linearity.max_rel_diff_fp64",
+                   "beyond.consensus.retention", "beyond.single_source.retention", "beyond.relative.retention",
+                   "certify.certified_fraction"):
         node = results
         for part in dotted.split("."):
             node = node[part]
@@ -127,6 +129,13 @@ def test_paper_results_carry_the_issue_keys(results):
     assert len(results["seeds"]) == len(TINY.seeds) >= 2
     assert results["linearity"]["max_rel_diff_fp64"] <= 1e-12
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
+    # With two members the consensus of "all other members" is the one other source.
+    beyond = results["beyond"]
+    assert beyond["consensus"]["retention"] == pytest.approx(beyond["single_source"]["retention"], abs=1e-12)
+    assert isinstance(results["certify"]["certified_changed"], int) and results["certify"]["certified_changed"] == 0
+    assert set(beyond["auto_strength"]) == {str(j) for j in range(1, len(TINY.source_tasks) + 1)}
+    for row in beyond["auto_strength"].values():
+        assert set(row) == {"fixed", "per_task", "auto"} and row["fixed"]["mean_weight"] == 0.5
     assert results["addition"]["cells"] == len(TINY.members) * (len(TINY.members) - 1) * len(TINY.source_tasks) * len(TINY.seeds)
 
 

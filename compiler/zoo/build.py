@@ -35,7 +35,7 @@ from ..grid import load_task
 from ..sources import add_descriptor
 from .pretrain import pretrain
 from .profiles import PROFILES, Member, Profile
-from .world import write_world
+from .world import write_task, write_world
 
 INDEX = "zoo.json"
 FORMAT = 1
@@ -116,9 +116,11 @@ def _descriptor_current(bank: Bank, task: str, descriptor_id: str) -> bool:
 
 def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo) -> None:
     """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones."""
-    for task_name in profile.source_tasks:
+    plan = [(t, profile.seeds) for t in profile.source_tasks] + [(t, profile.seeds[:1])
+                                                                  for t in profile.in_distribution_tasks]
+    for task_name, seeds in plan:
         task = bank.task(task_name)
-        for seed in profile.seeds:
+        for seed in seeds:
             key = f"{task_name}-s{seed}"
             entry = record.setdefault("sources", {}).setdefault(key, {})
             adapter = root / "sources" / member.name / key
@@ -151,6 +153,7 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
     index.update({"format": FORMAT, "profile": profile.name, "seed": profile.seed,
                   "world": {**profile.world.__dict__, "template_share": profile.template_share},
                   "tasks": list(profile.tasks), "control_tasks": list(profile.control_tasks),
+                  "in_distribution_tasks": list(profile.in_distribution_tasks),
                   "seeds": list(profile.seeds)})
     index.setdefault("members", {})
     root.mkdir(parents=True, exist_ok=True)
@@ -158,9 +161,14 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
         echo(f"world: {profile.world.pretrain} captioned images, {len(profile.tasks)} tasks -> {root / 'world'}")
         write_world(root / "world", profile.world, profile.seed, profile.template_share)
         write_json_atomic(root / "world" / "world.json", index["world"])
-    files = {name: path for name, path in _task_files(root).items() if name in profile.tasks}
+    all_tasks = (*profile.tasks, *profile.in_distribution_tasks)
+    for name in profile.in_distribution_tasks:  # tasks added after the world was written
+        if not (root / "world" / "tasks" / name / "task.yaml").is_file():
+            echo(f"world: task {name}")
+            write_task(root / "world", name, profile.world, profile.seed)
+    files = {name: path for name, path in _task_files(root).items() if name in all_tasks}
     bank = Bank(root / "bank")
-    for name in profile.tasks:
+    for name in all_tasks:
         bank.add_task(load_task(files[name]))
     for member in profile.members:
         if members and member.name not in members:
@@ -172,8 +180,9 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
             index["members"][member.name] = record
             write_json_atomic(root / INDEX, index)
         encoder = targets.load(record["ref"], root)
-        if "quality" not in record:
-            record["quality"] = member_quality(encoder, bank, files, profile.tasks)
+        missing = tuple(t for t in all_tasks if t not in record.get("quality", {}))
+        if missing:
+            record.setdefault("quality", {}).update(member_quality(encoder, bank, files, missing))
             write_json_atomic(root / INDEX, index)
         _sources(member, encoder, profile, root, bank, files, record, echo)
         write_json_atomic(root / INDEX, index)

@@ -31,6 +31,7 @@ from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
 from ..evaluate import zero_shot_accuracy
 from ..labelled import labelled_files
 from ..solve import edited_embeddings, factorize, solve_operator
+from . import beyond
 from .build import read_index
 
 ALPHA = 0.5                      # the paper's strength for addition
@@ -96,6 +97,7 @@ class Zoo:
         self.tasks = list(self.index["tasks"])
         self.controls = list(self.index["control_tasks"])
         self.source_tasks = [t for t in self.tasks if t not in self.controls]
+        self.in_distribution = list(self.index.get("in_distribution_tasks", []))
         self.seeds = list(self.index["seeds"])
         self.progress = progress
         self.split_name = split  # "train" only to choose the ridge; every reported figure is on "test"
@@ -124,7 +126,7 @@ class Zoo:
         if member not in self._views:
             encoder = self.encoder(member)
             tests, rows, factors, grids = {}, {}, {}, {}
-            for task in self.tasks:
+            for task in [*self.tasks, *self.in_distribution]:
                 record = self.bank.task(task)
                 grid = embed_grid(encoder, record, self.bank, progress=self.progress)
                 grids[task], rows[task] = grid, grid.class_rows.double()
@@ -362,6 +364,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False)
              f"{per_seed[-1]['cross_model_gain']:+.2f} / Oracle {per_seed[-1]['oracle_gain']:+.2f} points")
     first = zoo.seeds[0]
     composed = composition_cells(zoo, first)
+    beyond_results, certified = beyond.run(zoo, echo)
     results = {
         "profile": zoo.index["profile"], "members": zoo.members, "tasks": zoo.source_tasks,
         "control_tasks": zoo.controls, "alpha": ALPHA, "ridge": zoo.ridge, "ridge_selection": selection,
@@ -388,6 +391,8 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False)
         "seed_spread": {key: _spread(s[key] for s in per_seed)
                         for key in ("retention", "cross_model_gain", "oracle_gain", "random_utd_gain",
                                     "control_delta")},
+        "beyond": beyond_results,
+        "certify": certified,
         "zoo_quality": {m: zoo.index["members"][m].get("quality", {}) for m in zoo.members},
         "paper": PAPER,
         "cells": all_cells,

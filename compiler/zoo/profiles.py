@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .pretrain import PretrainConfig
-from .world import CONTROL_TASKS, TASKS, WorldSize
+from .world import CONTROL_TASKS, IN_DISTRIBUTION, TASKS, WorldSize
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class Profile:
     finetune_steps: int = 250
     finetune_rank: int = 4
     seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds: one source per (member, task, seed)
+    # Plain-style variants of some tasks (world.IN_DISTRIBUTION), with sources for the first
+    # seed only; kept apart from `tasks` so the paper's tables stay on the shifted tasks.
+    in_distribution_tasks: tuple[str, ...] = ()
     seed: int = 0                         # the world's and the initial weights' seed
 
     @property
@@ -61,6 +64,7 @@ FULL = Profile(
     pretrain=PretrainConfig(steps=2500, batch_size=128, lr=1e-3),
     template_share=0.3,
     finetune_steps=150,
+    in_distribution_tasks=tuple(IN_DISTRIBUTION),
 )
 
 TINY = Profile(

@@ -105,9 +105,69 @@ def markdown(results: dict) -> str:
                      f"{_f(row['oracle_gain'])} | {_f(row['random_utd_gain'])} | {_f(row['control_delta'])} |")
     spread = results["seed_spread"]["retention"]
     lines += ["", f"Retention over seeds: {spread['mean']:.3f} +- {spread['std']:.3f} (n = {spread['n']}).", ""]
+    if "beyond" in results:
+        lines += beyond_markdown(results)
     if results.get("findings"):
         lines += ["## What the zoo does and does not reproduce", ""] + [f"- {f}" for f in results["findings"]] + [""]
     return "\n".join(lines)
+
+
+def beyond_markdown(results: dict) -> list[str]:
+    """Issue #8's section: consensus, relative descriptors, auto strength, the certificate."""
+    b, c = results["beyond"], results["certify"]
+    per = b["per_seed"]
+    lines = ["## Beyond the paper", "",
+             "### Consensus and target-relative descriptors (retention = gain / Oracle gain, pooled)", "",
+             "Rows: the paper's difference descriptor and the target-relative one (`kind: relative`). "
+             "Columns: one source (mean over the other members), consensus (mean rule) of 2 and of all the other "
+             "members, the best single source chosen per target with hindsight on test, and per cell. "
+             f"Mean over seeds {results['seeds'] and [s['seed'] for s in results['seeds']]}.", "",
+             "| descriptor | 1 source | 2 sources | all others | best source per target | best per cell | "
+             "cosine to Oracle (1 / all) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for kind in ("difference", "relative"):
+        mean = lambda key: sum(s[kind][key] for s in per) / len(per)  # noqa: E731
+        by = lambda n: sum(s[kind]["retention_by_sources"].get(n, float("nan")) for s in per) / len(per)  # noqa: E731
+        everyone = str(len(results["members"]) - 1)
+        lines.append(f"| {kind} | {by('1'):.3f} | {by('2'):.3f} | {by(everyone):.3f} | "
+                     f"{mean('best_fixed_source_retention'):.3f} | {mean('best_cell_source_retention'):.3f} | "
+                     f"{mean('single_cosine_to_own'):.3f} / {mean('consensus_cosine_to_own'):.3f} |")
+    rules = per[0]["difference"]["retention_by_rule"]
+    lines += ["", "Consensus rules, all other members (seed mean): " + ", ".join(
+        f"{kind} {rule} {sum(s[kind]['retention_by_rule'][rule][str(len(results['members']) - 1)] for s in per) / len(per):.3f}"
+        for kind in ("difference", "relative") for rule in rules) + "."]
+    spread = lambda key: b[key]["spread"]["values"]  # noqa: E731
+    lines += ["", f"Per seed: consensus {', '.join(f'{v:.3f}' for v in spread('consensus'))}; single source "
+              f"{', '.join(f'{v:.3f}' for v in spread('single_source'))}; relative single source "
+              f"{', '.join(f'{v:.3f}' for v in spread('relative'))}."]
+    plain = b["relative"]["in_distribution"]
+    lines += ["", "Shifted tasks (the zoo's downstream splits) against in-distribution ones (plain style, as in "
+              "pretraining; first seed):", "", "| tasks | Oracle gain | paper descriptor retention | relative retention |",
+              "| --- | --- | --- | --- |",
+              f"| shifted: {', '.join(b['relative']['shifted']['tasks'])} | {_f(b['relative']['shifted']['oracle_gain'])} | "
+              f"{b['relative']['shifted']['paper']:.3f} | {b['relative']['shifted']['relative']:.3f} |"]
+    if plain:
+        lines.append(f"| in-distribution: {', '.join(plain['tasks'])} | {_f(plain['oracle_gain'])} | "
+                     f"{_f(plain['paper'], 3)} ({_f(plain['paper_gain'])} points) | "
+                     f"{_f(plain['relative'], 3)} ({_f(plain['relative_gain'])} points) |")
+    lines += ["", "### Label-free strength (`strength: auto`) against 0.5 and 0.5/J (first seed)", "",
+              "| descriptor | J | gain at 0.5 | control at 0.5 | gain at 0.5/J | control at 0.5/J | gain auto | "
+              "control auto | mean auto weight |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for kind, rows in (("difference", b["auto_strength"]), ("relative", b["auto_strength_relative"])):
+        for j, r in rows.items():
+            lines.append(f"| {kind} | {j} | {_f(r['fixed']['composed_gain'])} | {_f(r['fixed']['control_delta'])} | "
+                         f"{_f(r['per_task']['composed_gain'])} | {_f(r['per_task']['control_delta'])} | "
+                         f"{_f(r['auto']['composed_gain'])} | {_f(r['auto']['control_delta'])} | "
+                         f"{r['auto']['mean_weight']:.3f} |")
+    lines += ["", f"Auto's control weight is {b['strength_config']['control_weight']:g}, chosen on the labelled "
+              "train split (net points over J = 1..5, both descriptor kinds); its control grids are the bank's other "
+              "tasks' probes, never a test split.", "",
+              "### Composition certificate (first seed)", "",
+              f"Every two-task composition and the all-task one, cross-model at alpha 0.5, on each term task's test "
+              f"inputs ({c['records']} records, {c['inputs']} predictions): {c['certified_fraction']:.1%} certified "
+              f"(two tasks {c['two_task_certified_fraction']:.1%}, all tasks {c['all_task_certified_fraction']:.1%}); "
+              f"certified predictions that changed: {c['certified_changed']} (changed in all: {c['changed']}). "
+              "Paper: 47.8% certified, 0 of 4,480 changed.", ""]
+    return lines
 
 
 def findings(results: dict) -> list[str]:
@@ -124,6 +184,27 @@ def findings(results: dict) -> list[str]:
          f"same-task agreement {agr['same_task_cosine']:.3f} vs different-task {agr['different_task_cosine']:.3f}"),
         (lin["max_rel_diff_fp64"] <= 1e-12, f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
     ]
+    if "beyond" in results:
+        b, auto = results["beyond"], results["beyond"]["auto_strength"]
+        best = b["single_source"]["best_fixed_source_retention"]
+        deep = [j for j in auto if int(j) >= 4]
+        checks += [
+            (b["consensus"]["retention"] > best,
+             f"beyond: consensus of the other members retains {b['consensus']['retention']:.3f} against "
+             f"{b['single_source']['retention']:.3f} for one source and {best:.3f} for the best single source per target"),
+            (b["consensus"]["relative_retention"] > b["relative"]["retention"],
+             f"beyond: relative consensus retains {b['consensus']['relative_retention']:.3f}, one relative source "
+             f"{b['relative']['retention']:.3f}"),
+            (all(auto[j]["auto"]["composed_gain"] >= auto[j]["fixed"]["composed_gain"]
+                 and auto[j]["auto"]["control_delta"] > auto[j]["fixed"]["control_delta"] for j in deep),
+             "beyond: strength auto at J >= 4 " + "; ".join(
+                 f"J={j}: {auto[j]['auto']['composed_gain']:+.2f} / control {auto[j]['auto']['control_delta']:+.2f} "
+                 f"vs 0.5: {auto[j]['fixed']['composed_gain']:+.2f} / {auto[j]['fixed']['control_delta']:+.2f}"
+                 for j in deep)),
+            (results["certify"]["certified_changed"] == 0,
+             f"beyond: certificate {results['certify']['certified_fraction']:.1%} certified, "
+             f"{results['certify']['certified_changed']} certified predictions changed"),
+        ]
     lines = [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
     collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]
     if collapsed:

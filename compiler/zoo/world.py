@@ -42,6 +42,14 @@ TASKS = {
     "background": (BACKGROUNDS, ("a photo on a {} background.", "a {} pattern behind.")),
 }
 CONTROL_TASKS = ("background",)
+# In-distribution variants: the same attribute, classes and prompts, with every split drawn in
+# the plain style pretraining saw (no shift). They measure what a method does where a linear
+# edit has little headroom (issue #8 reports the relative descriptor on both kinds).
+IN_DISTRIBUTION = {"colour-plain": "colour", "count-plain": "count", "quadrant-plain": "quadrant"}
+
+
+def attribute_of(task: str) -> str:
+    return IN_DISTRIBUTION.get(task, task)
 
 
 @dataclass(frozen=True)
@@ -189,17 +197,31 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
         lines.append(json.dumps({"image": f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
-    files = {}
-    for task, (classes, templates) in TASKS.items():
-        folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
-        for i in range(size.probes):
-            save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png", shifted=True)
-        for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
-            for label in classes:
-                for i in range(count):
-                    scene = sample_scene(rng, pool, targets, fixed={task: label})
-                    save(scene, folder / split / label / f"{i:04d}.png", shifted=True)
-        files[task] = folder / "task.yaml"
-        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
-                                               "templates": list(templates)}, sort_keys=False))
-    return files
+    return {task: write_task(root, task, size, seed) for task in TASKS}
+
+
+def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
+    """One task's folder (probes, train and test splits, task.yaml) from its own random stream,
+    so a task added to an existing world is written without touching the others."""
+    from PIL import Image
+
+    images, targets = _digit_images()
+    fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
+    attribute, shifted = attribute_of(task), task not in IN_DISTRIBUTION
+    classes, templates = TASKS[attribute]
+    folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
+
+    def save(scene: Scene, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(render(scene, rng, images, shifted)).save(path)
+
+    for i in range(size.probes):
+        save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png")
+    for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
+        for label in classes:
+            for i in range(count):
+                save(sample_scene(rng, pool, targets, fixed={attribute: label}), folder / split / label / f"{i:04d}.png")
+    path = folder / "task.yaml"
+    path.write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
+                                    "templates": list(templates)}, sort_keys=False))
+    return path
