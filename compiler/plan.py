@@ -169,12 +169,13 @@ def _plan_controls(recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: se
     """The control grids `strength: auto` bounds: as listed, or every other registered task."""
     if recipe.strength.mode != "auto":
         return ()
-    names = recipe.strength.control
-    if names is None:
+    names, implicit = recipe.strength.control, recipe.strength.control is None
+    if implicit:
         names = tuple(n for n in bank.task_names() if n not in term_tasks)
     controls = []
     for index, name in enumerate(names):
-        field = f"strength.control[{index}]"
+        field = f"strength.control (bank task {name!r}, taken as no term edits it)" if implicit \
+            else f"strength.control[{index}]"
         if name in term_tasks:
             raise RecipeError(f"{recipe_path}: {field}: {name!r} is a term's task, not a control",
                               "a control grid must come from a task no term edits")
