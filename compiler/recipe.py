@@ -44,7 +44,8 @@ class Term(_Strict):
     task: str = pydantic.Field(pattern=NAME_PATTERN)
     source: tuple[str, ...] = pydantic.Field(description="descriptor id(s) in the bank; one may be written bare")
     source_weights: tuple[float, ...] | None = None
-    combine: Literal["mean", "normalised", "median"] = "mean"
+    # normalised beat mean and median on the zoo's train split for both descriptor kinds
+    combine: Literal["mean", "normalised", "median"] = "normalised"
     kind: Literal["difference", "relative"] = "difference"
     weight: float
 

@@ -114,7 +114,7 @@ def _built_edits(out):
 
 
 def test_a_consensus_term_solves_the_weighted_mean_of_its_sources(world, two_sources, tmp_path):
-    terms = [{"task": "colour", "source": ["src", "other"], "source_weights": [3, 1], "weight": 0.5}]
+    terms = [{"task": "colour", "source": ["src", "other"], "source_weights": [3, 1], "combine": "mean", "weight": 0.5}]
     recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr

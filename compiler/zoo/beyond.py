@@ -15,10 +15,11 @@ import torch
 
 from ..certify import certificate
 from ..descriptor import affinity, consensus, cosine, relative_descriptor
-from ..recipe import Strength
+from ..recipe import Strength, Term
 from ..strength import choose_strengths
 
 ALPHA = 0.5
+DEFAULT_RULE = Term.model_fields["combine"].default  # the headline consensus is what a recipe gets
 
 
 def _points(after: float, before: float) -> float:
@@ -111,8 +112,8 @@ def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None) ->
             for n in range(1, len(zoo.members)):
                 rows = [(r["gain"], c["oracle_gain"]) for c in cells for r in c["kinds"][kind]["consensus"][rule][str(n)]]
                 rules[rule][str(n)] = _retention([g for g, _ in rows], [o for _, o in rows])
-        by_count.update(rules["mean"])
-        all_mean = [c["kinds"][kind]["consensus"]["mean"][everyone][0] for c in cells]
+        by_count.update(rules[DEFAULT_RULE])
+        all_mean = [c["kinds"][kind]["consensus"][DEFAULT_RULE][everyone][0] for c in cells]
         out[kind] = {
             "single_source_retention": by_count["1"],
             "best_fixed_source_retention": _retention(best_fixed, oracle),
@@ -126,7 +127,7 @@ def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None) ->
             "per_task": {task: {"single": _retention(
                 [g for c in cells if c["task"] == task for g in c["kinds"][kind]["single"].values()],
                 [c["oracle_gain"] for c in cells if c["task"] == task for _ in c["kinds"][kind]["single"]]),
-                "consensus": _retention([c["kinds"][kind]["consensus"]["mean"][everyone][0]["gain"]
+                "consensus": _retention([c["kinds"][kind]["consensus"][DEFAULT_RULE][everyone][0]["gain"]
                                          for c in cells if c["task"] == task],
                                         [c["oracle_gain"] for c in cells if c["task"] == task])}
                 for task in (zoo.source_tasks if tasks is None else tasks)},
@@ -243,6 +244,6 @@ def run(zoo, echo) -> tuple[dict, dict]:
                          "per_task": {k: plain[k]["per_task"] for k in ("difference", "relative")}}},
         "per_seed": per_seed,
         "auto_strength": auto["difference"], "auto_strength_relative": auto["relative"],
-        "strength_config": Strength(mode="auto").model_dump(),
+        "strength_config": Strength(mode="auto").model_dump(), "consensus_rule": DEFAULT_RULE,
     }
     return beyond, certified

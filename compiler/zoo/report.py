@@ -119,8 +119,8 @@ def beyond_markdown(results: dict) -> list[str]:
     lines = ["## Beyond the paper", "",
              "### Consensus and target-relative descriptors (retention = gain / Oracle gain, pooled)", "",
              "Rows: the paper's difference descriptor and the target-relative one (`kind: relative`). "
-             "Columns: one source (mean over the other members), consensus (mean rule) of 2 and of all the other "
-             "members, the best single source chosen per target with hindsight on test, and per cell. "
+             f"Columns: one source (mean over the other members), consensus (`{b['consensus_rule']}` rule, "
+             "a recipe's default) of 2 and of all the other members, the best single source chosen per target with hindsight on test, and per cell. "
              f"Mean over seeds {results['seeds'] and [s['seed'] for s in results['seeds']]}.", "",
              "| descriptor | 1 source | 2 sources | all others | best source per target | best per cell | "
              "cosine to Oracle (1 / all) |", "| --- | --- | --- | --- | --- | --- | --- |"]
