@@ -129,6 +129,7 @@ def test_paper_results_carry_the_issue_keys(results):
     assert len(results["seeds"]) == len(TINY.seeds) >= 2
     assert results["linearity"]["max_rel_diff_fp64"] <= 1e-12
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
+    assert {"same_task_cosine_centred", "different_task_cosine_centred"} <= set(results["agreement"])
     # With two members the consensus of "all other members" is the one other source.
     beyond = results["beyond"]
     assert beyond["consensus"]["retention"] == pytest.approx(beyond["single_source"]["retention"], abs=1e-12)
@@ -191,3 +192,12 @@ def test_a_recipe_evaluating_an_unknown_task_or_folder_fails_in_one_line(zoo, tm
     result = run_ptc("check", recipe, env={"PTC_ZOO": str(zoo)})
     assert result.returncode == 2 and f"evaluate.{control}:" in result.stderr and "is not a folder" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_centred_agreement_ignores_a_shift_shared_by_a_probes_classes():
+    generator = torch.Generator().manual_seed(0)
+    u = torch.randn(30, 5, generator=generator, dtype=torch.float64)
+    shifted = u + torch.randn(30, 1, generator=generator, dtype=torch.float64) * 10
+    from compiler.descriptor import cosine
+    assert cosine(shifted, u) < 0.5
+    assert cosine(paper._centre_rows(shifted), paper._centre_rows(u)) == pytest.approx(1.0, abs=1e-12)

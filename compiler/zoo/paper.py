@@ -266,10 +266,15 @@ def negation_sweep(zoo: Zoo, seed: int) -> dict:
 # -- agreement, linearity, scaling ----------------------------------------------------------------
 def agreement(zoo: Zoo, seed: int) -> dict:
     """Same task across models (same grid, different members) against different tasks within a
-    model: member m's fine-tune on task k read on task k' 's grid, against m's own descriptor of k'."""
-    same = [cosine(zoo.descriptor(task, a, seed), zoo.descriptor(task, b, seed))
-            for task in zoo.source_tasks for a, b in itertools.combinations(zoo.members, 2)]
-    different = []
+    model: member m's fine-tune on task k read on task k' 's grid, against m's own descriptor of k'.
+
+    Also row-centred: each probe's affinity change minus its mean over classes, the part that can
+    change a prediction. Every fine-tune here shifts all classes of a probe alike, which the
+    plain cosine counts as agreement between unrelated tasks. A descriptor with no
+    class-discriminative part (a member whose prompts collapsed) has no centred cosine and is left out."""
+    pairs_same = [(zoo.descriptor(task, a, seed), zoo.descriptor(task, b, seed))
+                  for task in zoo.source_tasks for a, b in itertools.combinations(zoo.members, 2)]
+    pairs_different = []
     for member in zoo.members:
         encoder = zoo.view(member).encoder
         for task in zoo.source_tasks:
@@ -281,9 +286,20 @@ def agreement(zoo: Zoo, seed: int) -> dict:
                 grid = zoo.view(member).grids[other]
                 moved = embed_probe_files(tuned, list(record.probes), 64, f"cross-task {task}->{other}", False)
                 crossed = task_descriptor(moved, grid.inputs, grid.class_rows)
-                different.append(cosine(crossed, zoo.descriptor(other, member, seed)))
+                pairs_different.append((crossed, zoo.descriptor(other, member, seed)))
+    same, different = [cosine(a, b) for a, b in pairs_same], [cosine(a, b) for a, b in pairs_different]
+    centred = {name: [v for v in (cosine(_centre_rows(a), _centre_rows(b)) for a, b in pairs) if v == v]
+               for name, pairs in (("same", pairs_same), ("different", pairs_different))}
     return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
-            "same_task_spread": _spread(same), "different_task_spread": _spread(different)}
+            "same_task_spread": _spread(same), "different_task_spread": _spread(different),
+            "same_task_cosine_centred": _mean(centred["same"]),
+            "different_task_cosine_centred": _mean(centred["different"]),
+            "centred_pairs": {"same": len(centred["same"]), "different": len(centred["different"]),
+                              "left_out": len(same) + len(different) - len(centred["same"]) - len(centred["different"])}}
+
+
+def _centre_rows(descriptor: torch.Tensor) -> torch.Tensor:
+    return descriptor - descriptor.mean(dim=1, keepdim=True)
 
 
 def linearity(zoo: Zoo, seed: int) -> dict:

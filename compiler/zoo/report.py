@@ -82,7 +82,9 @@ def markdown(results: dict) -> str:
               "",
               f"Same task across models: {agr['same_task_cosine']:.3f} (paper {paper['agreement.same_task_cosine']}); "
               f"different tasks within a model: {agr['different_task_cosine']:.3f} "
-              f"(paper {paper['agreement.different_task_cosine']}).",
+              f"(paper {paper['agreement.different_task_cosine']}). Row-centred (only what differs between a "
+              f"probe's classes): same task {agr.get('same_task_cosine_centred', float('nan')):.3f}, different "
+              f"tasks {agr.get('different_task_cosine_centred', float('nan')):.3f}.",
               "",
               "## Linearity (Table 6)",
               "",
@@ -182,6 +184,10 @@ def findings(results: dict) -> list[str]:
          f"{-at_one.get('control_delta', float('nan')):.2f} control points (bar: >= 20 for <= 3)"),
         (agr["same_task_cosine"] > agr["different_task_cosine"],
          f"same-task agreement {agr['same_task_cosine']:.3f} vs different-task {agr['different_task_cosine']:.3f}"),
+        (agr["same_task_cosine_centred"] > agr["different_task_cosine_centred"],
+         f"row-centred agreement: same task {agr['same_task_cosine_centred']:.3f} vs different tasks "
+         f"{agr['different_task_cosine_centred']:.3f} (the plain cosine counts the shift every fine-tune gives all "
+         "classes of a probe)"),
         (lin["max_rel_diff_fp64"] <= 1e-12, f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
     ]
     if "beyond" in results:
