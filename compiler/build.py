@@ -16,7 +16,6 @@ from targets.base import Batch
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
-from .descriptor import class_embeddings
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
 from .errors import OutputError
 from .evaluate import zero_shot_accuracy
@@ -152,7 +151,7 @@ def _choose_strengths(plan_: Plan, target, grids: dict[str, GridEmbeddings], opt
     return with_weights(plan_, result["weights"]), strength_report(plan_.terms, result, config, list(controls))
 
 
-def _certify(plan_: Plan, target, edit: Edit, options: Options) -> dict[str, dict]:
+def _certify(plan_: Plan, target, grids: dict[str, GridEmbeddings], edit: Edit, options: Options) -> dict[str, dict]:
     """verify.certify: the composition certificate per task, failing on a certified change."""
     figures = {}
     if not plan_.certifications:
@@ -162,8 +161,7 @@ def _certify(plan_: Plan, target, edit: Edit, options: Options) -> dict[str, dic
     for task, folder in plan_.certifications:
         z, r = embed_probe_files_for_edit(target, input_files(folder), options.batch_size, f"certify {task.name}",
                                           options.progress)
-        rows = class_embeddings(target.embed_prompts(task.prompts).double(), len(task.classes))
-        figures[task.name] = certificate(z, r, rows, per_task[task.name], full)
+        figures[task.name] = certificate(z, r, grids[task.name].class_rows, per_task[task.name], full)
         require(f"certified predictions changed on {task.name}", figures[task.name]["certified_changed"], 0)
     return figures
 
@@ -206,7 +204,7 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
             require("descriptor residual", max(residuals.values()), recipe.verify.max_descriptor_residual)
     terms = _term_records(plan_, edit, residuals)
     with run.stage("certify"):
-        certified = _certify(plan_, target, edit, options)
+        certified = _certify(plan_, target, grids, edit, options)
     with run.stage("evaluate"):
         evaluation = _evaluate(plan_, target, edit.edited, options)
     target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),

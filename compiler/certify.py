@@ -29,7 +29,7 @@ from .embed import embed_probe_files_for_edit
 from .errors import OutputError, PtcError, RecipeError
 from .export import file_sha256
 from .fsio import write_bytes_atomic
-from .grid import PROBE_SUFFIXES
+from .grid import PROBE_SUFFIXES, TaskSpec, probe_files
 from .solve import edited_embeddings
 
 TERMS_FILE = "terms.safetensors"
@@ -93,8 +93,7 @@ def read_terms(out_dir: Path) -> tuple[dict, list[torch.Tensor]]:
 
 
 def input_files(folder: Path) -> list[Path]:
-    files = sorted((p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in PROBE_SUFFIXES),
-                   key=lambda p: p.as_posix())
+    files = probe_files(folder)
     if not files:
         raise RecipeError(f"{folder}: no input files", f"supported suffixes: {' '.join(sorted(PROBE_SUFFIXES))}")
     return files
@@ -122,7 +121,7 @@ def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_siz
         raise OutputError(f"{out_dir}: the target {where['ref']} changed since the build "
                           f"(input hash {target.input_fingerprint()[:12]} != {where['input_fingerprint'][:12]})",
                           "rebuild the output against the current target")
-    prompts = [t.replace("{}", c) for c in spec["classes"] for t in spec["templates"]]
+    prompts = TaskSpec(task, (), tuple(spec["classes"]), tuple(spec["templates"])).prompts
     rows = class_embeddings(target.embed_prompts(prompts).double(), len(spec["classes"]))
     z, r = embed_probe_files_for_edit(target, input_files(data), batch_size, f"certify {task}", progress)
     figures = certificate(z, r, rows, task_edits(record["terms"], edits)[task], sum(e.double() for e in edits))

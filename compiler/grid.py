@@ -68,14 +68,19 @@ class TaskSpec:
         return grid_hash(self.probes, self.prompts)
 
 
+def probe_files(folder: Path) -> list[Path]:
+    """Every probe file under `folder` (recursively), in grid order: sorted by relative path."""
+    files = [p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in PROBE_SUFFIXES]
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
 def _collect_probes(spec: TaskFile, base: Path, task_path: Path) -> tuple[Path, ...]:
     if isinstance(spec.probes, str):
         folder = (base / spec.probes).resolve()
         if not folder.is_dir():
             raise TaskError(f"{task_path}: probes: {folder} is not a folder",
                             "give a folder of probe files or a list of files, relative to the task file")
-        files = [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in PROBE_SUFFIXES]
-        files.sort(key=lambda p: p.relative_to(folder).as_posix())
+        files = probe_files(folder)
     else:
         files = sorted(((base / p).resolve() for p in spec.probes), key=lambda p: p.as_posix())
         missing = [str(p) for p in files if not p.is_file()]

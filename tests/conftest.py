@@ -39,6 +39,13 @@ def clip_pixels(paths, folder):
     return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
 
 
+def tree_digest(root: Path, pattern: str = "*") -> dict[str, str]:
+    """sha256 of every file under `root` matching `pattern`, by relative path."""
+    import hashlib
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(root).rglob(pattern)) if p.is_file()}
+
+
 def run_ptc(*args, cwd=None, env=None):
     """Run the real CLI in a subprocess; returns CompletedProcess with text output."""
     return subprocess.run([sys.executable, "-m", "compiler.cli", *map(str, args)], cwd=cwd or REPO,

@@ -3,7 +3,6 @@ resuming an interrupted build, a bank that moves with its probes, and `ptc paper
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 
@@ -15,7 +14,7 @@ from compiler.bank import Bank
 from compiler.errors import ModelNotFound
 from compiler.zoo import paper, report
 from compiler.zoo.build import build_zoo, profile_named, read_index
-from conftest import run_ptc
+from conftest import run_ptc, tree_digest
 
 TINY = profile_named("tiny")
 
@@ -33,9 +32,6 @@ def results(zoo):
     return paper.run(zoo, echo=lambda _: None)
 
 
-def _digest(folder, pattern="*"):
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob(pattern)) if p.is_file()}
 
 
 def test_the_index_records_every_member_source_and_quality_figure(zoo):
@@ -70,10 +66,10 @@ def test_zoo_names_load_the_members_native_checkpoints(zoo, monkeypatch):
 def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_is_missing(zoo, tmp_path):
     copy = tmp_path / "zoo"
     shutil.copytree(zoo, copy)
-    before = _digest(copy)
+    before = tree_digest(copy)
     lines: list[str] = []
     build_zoo(copy, TINY, echo=lines.append)
-    assert lines == [] and _digest(copy) == before
+    assert lines == [] and tree_digest(copy) == before
     # Interrupt after one source: its adapter and descriptor are gone, and the index forgot it.
     member, key = TINY.members[0].name, f"{TINY.source_tasks[0]}-s{TINY.seeds[-1]}"
     shutil.rmtree(copy / "sources" / member / key)
@@ -84,8 +80,8 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
     build_zoo(copy, TINY, echo=lines.append)
     assert len(lines) == 1 and lines[0].strip().startswith(f"{member} {key}: fine-tuned")
     # Deterministic: the same weights again (adapter_config.json names the base model's folder).
-    assert _digest(copy / "sources", "*.safetensors") == _digest(zoo / "sources", "*.safetensors")
-    assert _digest(copy / "bank" / "descriptors") == _digest(zoo / "bank" / "descriptors")
+    assert tree_digest(copy / "sources", "*.safetensors") == tree_digest(zoo / "sources", "*.safetensors")
+    assert tree_digest(copy / "bank" / "descriptors") == tree_digest(zoo / "bank" / "descriptors")
 
 
 def test_a_zoo_built_with_another_profile_is_refused(zoo):

@@ -4,7 +4,6 @@ files that register and load through the CLAP family."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import numpy as np
@@ -14,21 +13,19 @@ import soundfile
 from compiler.zoo.audio_world import (GLIDES, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
                                       write_audio_world)
 from compiler.zoo.world import WorldSize
+from conftest import tree_digest
 
 SMALL = WorldSize(pretrain=6, probes=4, train=2, test=1)
 
 
-def _digest(folder):
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_the_audio_world_is_a_function_of_its_seed(tmp_path):
     write_audio_world(tmp_path / "a", SMALL, seed=3)
     write_audio_world(tmp_path / "b", SMALL, seed=3)
     write_audio_world(tmp_path / "c", SMALL, seed=4)
-    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
-    assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
+    assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
+    assert tree_digest(tmp_path / "a") != tree_digest(tmp_path / "c")
     captions = (tmp_path / "a" / "pretrain" / "captions.jsonl").read_text().splitlines()
     assert len(captions) == SMALL.pretrain
 

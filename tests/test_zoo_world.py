@@ -1,6 +1,5 @@
 """The zoo's generated world: deterministic, split-disciplined, and style-shifted downstream."""
 
-import hashlib
 import json
 import random
 
@@ -10,20 +9,18 @@ from PIL import Image
 from compiler.grid import load_task
 from compiler.labelled import labelled_files
 from compiler.zoo.world import CONTROL_TASKS, DIGITS, TASKS, TEST_DIGITS, WorldSize, _digit_images, sample_scene, write_world
+from conftest import tree_digest
 
 SMALL = WorldSize(pretrain=24, probes=6, train=2, test=2)
 
 
-def _digest(root):
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_the_world_is_a_pure_function_of_its_seed(tmp_path):
     write_world(tmp_path / "a", SMALL, seed=3)
     write_world(tmp_path / "b", SMALL, seed=3)
     write_world(tmp_path / "c", SMALL, seed=4)
-    assert _digest(tmp_path / "a") == _digest(tmp_path / "b") != _digest(tmp_path / "c")
+    assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b") != tree_digest(tmp_path / "c")
 
 
 def test_task_files_load_with_every_class_labelled_and_a_control_task(tmp_path):
@@ -62,4 +59,4 @@ def test_task_splits_are_the_same_with_or_without_a_pretraining_corpus(tmp_path)
     write_world(tmp_path / "without", WorldSize(pretrain=0, probes=SMALL.probes, train=SMALL.train, test=SMALL.test),
                 seed=5)
     assert not (tmp_path / "without" / "pretrain").exists()
-    assert _digest(tmp_path / "with" / "tasks") == _digest(tmp_path / "without" / "tasks")
+    assert tree_digest(tmp_path / "with" / "tasks") == tree_digest(tmp_path / "without" / "tasks")

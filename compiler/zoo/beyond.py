@@ -14,21 +14,14 @@ import itertools
 import torch
 
 from ..certify import certificate
-from ..descriptor import affinity, consensus, cosine, relative_descriptor
+from ..descriptor import affinity, consensus, cosine
 from ..recipe import Strength, Term
 from ..strength import choose_strengths
+from ..terms import source_descriptor
+from .paper import _mean, _points
 
 ALPHA = 0.5
 DEFAULT_RULE = Term.model_fields["combine"].default  # the headline consensus is what a recipe gets
-
-
-def _points(after: float, before: float) -> float:
-    return 100.0 * (after - before)
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(sum(values) / len(values)) if values else float("nan")
 
 
 def _retention(gains: list[float], oracle: list[float]) -> float:
@@ -50,8 +43,7 @@ class Descriptors:
 
     def relative(self, task: str, source: str, target: str) -> torch.Tensor:
         entry = self.zoo.bank.descriptor(task, f"{source}-s{self.seed}")
-        return relative_descriptor(entry.tensors["utd"], entry.tensors["source_affinity"],
-                                   self.pre_affinity(target, task))
+        return source_descriptor(entry, "relative", self.pre_affinity(target, task))
 
     def of(self, kind: str):
         return self.paper if kind == "difference" else self.relative

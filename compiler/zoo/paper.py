@@ -31,7 +31,6 @@ from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
 from ..evaluate import zero_shot_accuracy
 from ..labelled import labelled_files
 from ..solve import edited_embeddings, factorize, solve_operator
-from . import beyond
 from .build import read_index
 
 ALPHA = 0.5                      # the paper's strength for addition
@@ -380,6 +379,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False)
              f"{per_seed[-1]['cross_model_gain']:+.2f} / Oracle {per_seed[-1]['oracle_gain']:+.2f} points")
     first = zoo.seeds[0]
     composed = composition_cells(zoo, first)
+    from . import beyond  # it builds on this module's Zoo and helpers
     beyond_results, certified = beyond.run(zoo, echo)
     results = {
         "profile": zoo.index["profile"], "members": zoo.members, "tasks": zoo.source_tasks,

@@ -1,0 +1,79 @@
+"""The defaults issue #8's features ship with, each chosen on the zoo's labelled TRAIN split
+(never test) by the experiment printed here:
+
+- the relative descriptor's statistics (whole grid, per class or per probe): retention;
+- the consensus rule (mean, normalised, median) over all other members: retention;
+- `strength: auto`'s control_weight: net points (composed gain + control delta) over J.
+
+    python3 -m benchmarks.beyond_choices [--zoo zoo]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+from compiler.descriptor import affinity, relative_descriptor
+from compiler.recipe import Strength
+from compiler.zoo import beyond
+from compiler.zoo.paper import ALPHA, Zoo, _points
+
+
+def _standardised(utd, source, target, dim):
+    """The relative descriptor with statistics over `dim` (None: the whole grid, as shipped)."""
+    if dim is None:
+        return relative_descriptor(utd, source, target)
+    s, t = source.double(), target.double()
+    mean = lambda x: x.mean(dim=dim, keepdim=True)  # noqa: E731
+    std = lambda x: x.std(dim=dim, keepdim=True)  # noqa: E731
+    return mean(t) + std(t) * (utd.double() + s - mean(s)) / std(s) - t
+
+
+def relative_statistics(zoo: Zoo, seed: int = 0) -> dict:
+    rows = {}
+    for name, dim in (("grid", None), ("per class", 0), ("per probe", 1)):
+        gains, oracle = [], []
+        for target in zoo.members:
+            view = zoo.view(target)
+            for task in zoo.source_tasks:
+                base = view.accuracy(task)
+                own = _points(view.accuracy(task, view.operator(task, zoo.descriptor(task, target, seed), ALPHA)), base)
+                grid = view.grids[task]
+                t_pre = affinity(grid.inputs.double(), grid.class_rows.double())
+                for source in zoo.members:
+                    if source == target:
+                        continue
+                    entry = zoo.bank.descriptor(task, f"{source}-s{seed}")
+                    u = _standardised(entry.tensors["utd"], entry.tensors["source_affinity"], t_pre, dim)
+                    gains.append(_points(view.accuracy(task, view.operator(task, u, ALPHA)), base))
+                    oracle.append(own)
+        rows[name] = sum(gains) / sum(oracle)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", type=Path, default=Path("zoo"))
+    args = parser.parse_args()
+    zoo = Zoo(args.zoo, split="train")
+    zoo.ridge = 0.001  # ptc paper's ridge, chosen on the same split
+    print("relative descriptor statistics, retention (seed 0):",
+          {k: round(v, 3) for k, v in relative_statistics(zoo).items()})
+    everyone = str(len(zoo.members) - 1)
+    for kind in ("difference", "relative"):
+        per_seed = [beyond.summarise_sources(beyond.source_cells(zoo, seed), zoo)[kind] for seed in zoo.seeds]
+        print(f"consensus of all other members ({kind}), retention by rule:",
+              {rule: round(sum(s["retention_by_rule"][rule][everyone] for s in per_seed) / len(per_seed), 3)
+               for rule in ("mean", "normalised", "median")})
+    for weight in (0.25, 0.5, 1.0, 2.0):
+        nets = {}
+        for kind in ("difference", "relative"):
+            rows = beyond.strength_rows(zoo, 0, kind, Strength(mode="auto", control_weight=weight))
+            nets[kind] = round(sum(r["auto"]["composed_gain"] + r["auto"]["control_delta"]
+                                   for r in rows.values()) / len(rows), 2)
+        print(f"strength auto, control_weight {weight:g}: net points over J = 1..{len(rows)}: {nets}")
+
+
+if __name__ == "__main__":
+    main()
