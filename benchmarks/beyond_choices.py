@@ -3,6 +3,9 @@
 
 - the relative descriptor's statistics (whole grid, per class or per probe): retention;
 - the consensus rule (mean, normalised, median) over all other members: retention;
+- the consensus weights (uniform; each source's agreement with the target, as shipped; each
+  source's agreement with the other sources' consensus), against the best single source per
+  target picked with hindsight on this split: retention;
 - `strength: auto`'s control_weight: net points (composed gain + control delta) over J.
 
     python3 -m benchmarks.beyond_choices [--zoo zoo]
@@ -14,7 +17,7 @@ import argparse
 from pathlib import Path
 
 
-from compiler.descriptor import affinity, relative_descriptor
+from compiler.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
 from compiler.recipe import Strength
 from compiler.zoo import beyond
 from compiler.zoo.paper import ALPHA, Zoo, _points
@@ -52,6 +55,42 @@ def relative_statistics(zoo: Zoo, seed: int = 0) -> dict:
     return rows
 
 
+def source_weighting(zoo: Zoo) -> dict:
+    """Retention of the all-others consensus (normalised rule) under each weighting, over seeds."""
+    rows = {}
+    for seed in zoo.seeds:
+        reader = beyond.Descriptors(zoo, seed)
+        for target in zoo.members:
+            view, others = zoo.view(target), [m for m in zoo.members if m != target]
+            for task in zoo.source_tasks:
+                base = view.accuracy(task)
+                gain = lambda u: _points(view.accuracy(task, view.operator(task, u, ALPHA)), base)  # noqa: E731
+                oracle = gain(reader.paper(task, target, target))
+                t_pre = reader.pre_affinity(target, task)
+                for kind in ("difference", "relative"):
+                    us = [reader.of(kind)(task, s, target) for s in others]
+                    weights = {
+                        "uniform": None,
+                        "agreement": agreement_weights([reader.pre_affinity(s, task) for s in others], t_pre),
+                        "agreement with the others": [max(cosine(centred(u), centred(sum(v for v in us if v is not u))),
+                                                          1e-3) for u in us]}
+                    for name, w in weights.items():
+                        row = rows.setdefault(kind, {}).setdefault(name, [0.0, 0.0])
+                        row[0] += gain(consensus(us, w, "normalised"))
+                        row[1] += oracle
+                    for s, u in zip(others, us):  # for the best single source per target, in hindsight
+                        row = rows[kind].setdefault(("single", target, s), [0.0, 0.0])
+                        row[0] += gain(u)
+                        row[1] += oracle
+    out = {}
+    for kind, table in rows.items():
+        out[kind] = {name: round(g / o, 3) for name, (g, o) in table.items() if isinstance(name, str)}
+        best = [max((v for k, v in table.items() if isinstance(k, tuple) and k[1] == t), key=lambda v: v[0])
+                for t in zoo.members]
+        out[kind]["best single source per target (hindsight)"] = round(sum(g for g, _ in best) / sum(o for _, o in best), 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
@@ -66,6 +105,8 @@ def main() -> None:
         print(f"consensus of all other members ({kind}), retention by rule:",
               {rule: round(sum(s["retention_by_rule"][rule][everyone] for s in per_seed) / len(per_seed), 3)
                for rule in ("mean", "normalised", "median")})
+    for kind, table in source_weighting(zoo).items():
+        print(f"consensus weights, all other members, normalised rule ({kind}), retention over seeds:", table)
     for weight in (0.25, 0.5, 1.0, 2.0):
         nets = {}
         for kind in ("difference", "relative"):

@@ -126,7 +126,7 @@ def _term_records(plan_: Plan, edit: Edit, residuals: dict[str, float]) -> list[
     return [{"task": pt.term.task, "source": pt.term.label, "weight": pt.weight, "written_weight": pt.term.weight,
              "kind": pt.term.kind, "sources": list(pt.term.sources),
              "combine": pt.term.combine if len(pt.term.sources) > 1 else None,
-             "source_weights": list(pt.term.source_weights) if pt.term.source_weights else None,
+             "weighting": pt.term.weighting, "source_weights": pt.descriptor.meta.get("source_weights"),
              "grid_hash": pt.task.grid_hash, "descriptor_sha256": pt.descriptor.sha256,
              "source_descriptor_sha256": [entry.sha256 for entry in pt.sources],
              "operator_sha256": sha, "grid_residual": residuals[pt.task.name]}

@@ -140,7 +140,8 @@ def check(recipe: Path, bank, out, force) -> None:
     p = plan(recipe, Options(bank=bank, out=out, force=force))
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
     for pt in p.terms:
-        kind = "" if len(pt.term.sources) == 1 else f", {pt.term.combine} of {len(pt.term.sources)}"
+        weighting = f", {pt.term.weighting} weights" if pt.term.weighting else ""
+        kind = "" if len(pt.term.sources) == 1 else f", {pt.term.combine} of {len(pt.term.sources)}{weighting}"
         click.echo(f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.label}{kind}  "
                    f"({len(pt.task.probes)}x{len(pt.task.classes)}, grid {pt.task.grid_hash[:12]})")
     click.echo(f"bank {p.bank.root}; output {p.out_dir or '(none: set export.out or --out)'}")

@@ -59,6 +59,28 @@ def relative_descriptor(utd: torch.Tensor, source_affinity: torch.Tensor, target
 
 
 COMBINE_RULES = ("mean", "normalised", "median")
+AGREEMENT_FLOOR = 1e-3  # a source that disagrees with the target still counts, barely
+
+
+def centred(affinities: torch.Tensor) -> torch.Tensor:
+    """Each probe's row minus its mean over classes: what can change a prediction."""
+    return affinities - affinities.mean(dim=-1, keepdim=True)
+
+
+def agreement_weights(source_affinities: list[torch.Tensor], target_affinity: torch.Tensor) -> list[float]:
+    """Label-free consensus weights (beyond the paper): each source's pre-trained affinities on
+    the grid against the target's, as the cosine of their row-centred matrices, floored at
+    AGREEMENT_FLOOR. A source that already reads the task's probes as the target does is one
+    whose fine-tune corrections the target can use; one whose text tower cannot tell the
+    classes apart has near-constant rows and weighs little. Chosen over uniform weights on the
+    zoo's train split (`python3 -m benchmarks.beyond_choices`)."""
+    target = centred(target_affinity.double())
+    weights = []
+    for source in source_affinities:
+        if source.shape != target.shape:
+            raise ValueError(f"source affinities {tuple(source.shape)} do not match the target's {tuple(target.shape)}")
+        weights.append(max(cosine(centred(source.double()), target), AGREEMENT_FLOOR))
+    return weights
 
 
 def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = None,

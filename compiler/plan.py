@@ -60,11 +60,15 @@ def _checked_source(bank: Bank, term: Term, task: TaskRecord, source: str) -> En
                         "tower differs from its source's; its affinities do not share prompts",
                         "recompute it from a fine-tune with a frozen text tower")
     expected = (len(task.probes), len(task.classes))
-    for name in ("utd", "source_affinity") if term.kind == "relative" else ("utd",):
+    readers = [why for why, reads in (("`kind: relative`", term.kind == "relative"),
+                                      ("`source_weights: agreement` (the default for several sources)",
+                                       term.weighting == "agreement")) if reads]
+    for name in ("utd", "source_affinity") if readers else ("utd",):
         if name not in entry.tensors:
             raise BankError(f"descriptor {source!r} of task {term.task!r} has no source affinities, which "
-                            "`kind: relative` reads (it was made by an older ptc)",
-                            "recompute it with `ptc descriptor add`, or use kind: difference")
+                            f"{' and '.join(readers)} reads (it was made by an older ptc)",
+                            "recompute it with `ptc descriptor add`, or use kind: difference and "
+                            "source_weights: uniform")
         if tuple(entry.tensors[name].shape) != expected:
             raise BankError(f"descriptor {source!r} of task {term.task!r} is "
                             f"{tuple(entry.tensors[name].shape)} but the grid is {expected}",

@@ -37,19 +37,27 @@ def _as_tuple(value):
 
 class Term(_Strict):
     """One signed task term. `source` names one descriptor of the task, or several: then the
-    term's descriptor is their consensus (`combine`, optionally weighted by `source_weights`).
+    term's descriptor is their consensus (`combine`), weighted by `source_weights`: by default
+    each source's agreement with the target (descriptor.agreement_weights), or `uniform`, or
+    numbers.
     `kind: relative` reads each source as the answers its fine-tune gives, in the target's
     affinity scale, minus the target's own: see descriptor.relative_descriptor."""
 
     task: str = pydantic.Field(pattern=NAME_PATTERN)
     source: tuple[str, ...] = pydantic.Field(description="descriptor id(s) in the bank; one may be written bare")
-    source_weights: tuple[float, ...] | None = None
+    # None: `agreement` where weights apply (mean, normalised), none for a median
+    source_weights: tuple[float, ...] | Literal["agreement", "uniform"] | None = None
     # normalised beat mean and median on the zoo's train split for both descriptor kinds
     combine: Literal["mean", "normalised", "median"] = "normalised"
     kind: Literal["difference", "relative"] = "difference"
     weight: float
 
-    _tuples = pydantic.field_validator("source_weights", mode="before")(lambda cls, v: _as_tuple(v))
+    @pydantic.field_validator("source_weights", mode="before")
+    @classmethod
+    def _weights_shape(cls, value):
+        if isinstance(value, str) and value not in ("agreement", "uniform"):
+            raise ValueError(f"expected agreement, uniform or a list of positive numbers, not {value!r}")
+        return _as_tuple(value)
 
     @pydantic.field_validator("source", mode="before")
     @classmethod
@@ -69,7 +77,7 @@ class Term(_Strict):
     @pydantic.field_validator("source_weights", mode="after")
     @classmethod
     def _source_weights(cls, value):
-        if value is not None and not all(math.isfinite(w) and w > 0 for w in value):
+        if isinstance(value, tuple) and not all(math.isfinite(w) and w > 0 for w in value):
             raise ValueError("expected positive finite numbers (they are normalised to sum to 1)")
         return value
 
@@ -87,7 +95,10 @@ class Term(_Strict):
     @pydantic.model_validator(mode="after")
     def _consensus(self):
         if self.source_weights is not None:
-            if len(self.source_weights) != len(self.sources):
+            if isinstance(self.source_weights, str):
+                if self.combine == "median" and self.source_weights == "agreement":
+                    raise ValueError("source_weights: agreement cannot weight a median; use combine: mean or normalised")
+            elif len(self.source_weights) != len(self.sources):
                 raise ValueError(f"source_weights has {len(self.source_weights)} numbers for "
                                  f"{len(self.sources)} sources")
             if self.combine == "median":
@@ -97,6 +108,16 @@ class Term(_Strict):
     @property
     def sources(self) -> tuple[str, ...]:
         return self.source
+
+    @property
+    def weighting(self) -> str | None:
+        """How a consensus weighs its sources: "agreement", "uniform", "explicit", or None
+        (one source, or a median)."""
+        if len(self.sources) == 1 or self.combine == "median":
+            return None
+        if isinstance(self.source_weights, tuple):
+            return "explicit"
+        return self.source_weights or "agreement"
 
     @property
     def label(self) -> str:

@@ -14,10 +14,11 @@ from dataclasses import replace
 import torch
 
 from .bank import Entry
-from .descriptor import affinity, consensus, relative_descriptor
+from .descriptor import affinity, agreement_weights, consensus, relative_descriptor
 from .embed import GridEmbeddings
 from .hashing import tensors_sha256
 from .plan import Plan, PlannedTerm
+from .recipe import Term
 
 
 def source_descriptor(entry: Entry, kind: str, target_affinity: torch.Tensor) -> torch.Tensor:
@@ -27,15 +28,29 @@ def source_descriptor(entry: Entry, kind: str, target_affinity: torch.Tensor) ->
     return entry.tensors["utd"].double()
 
 
+def source_weights(term: Term, entries: tuple[Entry, ...] | list[Entry], target_affinity: torch.Tensor) -> list[float] | None:
+    """The consensus weights a term asks for (None: unweighted, i.e. uniform or a median)."""
+    if term.weighting == "agreement":
+        return agreement_weights([entry.tensors["source_affinity"] for entry in entries], target_affinity)
+    return list(term.source_weights) if term.weighting == "explicit" else None
+
+
+def combined_descriptor(term: Term, entries, target_affinity: torch.Tensor) -> tuple[torch.Tensor, list[float] | None]:
+    """(the term's descriptor on this target, the consensus weights used or None)."""
+    parts = [source_descriptor(entry, term.kind, target_affinity) for entry in entries]
+    if len(parts) == 1:
+        return parts[0], None
+    weights = source_weights(term, entries, target_affinity)
+    return consensus(parts, weights, term.combine), weights
+
+
 def term_descriptor(pt: PlannedTerm, grid: GridEmbeddings) -> Entry:
     """The term's descriptor as a bank-style entry (not written to the bank)."""
     term = pt.term
-    target_affinity = affinity(grid.inputs.double(), grid.class_rows.double())
-    parts = [source_descriptor(entry, term.kind, target_affinity) for entry in pt.sources]
-    utd = parts[0] if len(parts) == 1 else consensus(
-        parts, list(term.source_weights) if term.source_weights else None, term.combine)
+    utd, weights = combined_descriptor(term, pt.sources, affinity(grid.inputs.double(), grid.class_rows.double()))
     tensors = {"utd": utd.contiguous()}
-    meta = {"id": term.label, "kind": term.kind, "combine": term.combine if len(parts) > 1 else None,
+    meta = {"id": term.label, "kind": term.kind, "combine": term.combine if len(pt.sources) > 1 else None,
+            "weighting": term.weighting, "source_weights": weights,
             "sources": [entry.meta.get("id") for entry in pt.sources],
             "source_sha256": [entry.sha256 for entry in pt.sources], "grid_hash": pt.task.grid_hash}
     return Entry(pt.sources[0].path, tensors, meta, tensors_sha256(tensors, prefix=f"ptc-term|{term.kind}|"))

@@ -15,7 +15,7 @@ import yaml
 import targets
 from compiler.bank import Bank
 from compiler.certify import certificate
-from compiler.descriptor import affinity, consensus, relative_descriptor
+from compiler.descriptor import AGREEMENT_FLOOR, affinity, agreement_weights, consensus, relative_descriptor
 from compiler.embed import embed_grid
 from compiler.recipe import Strength
 from compiler.solve import solve_dense
@@ -44,6 +44,24 @@ def test_consensus_rules_match_their_definitions():
     assert np.allclose(consensus(us[:2], combine="median").numpy(), np.median(arrays[:2], axis=0))
     with pytest.raises(ValueError, match="median takes no weights"):
         consensus(us, [1, 1, 1], "median")
+
+
+def _agreement_numpy(source, target):
+    """Row-centred cosine of two affinity matrices, floored, written out in numpy."""
+    a, b = source - source.mean(1, keepdims=True), target - target.mean(1, keepdims=True)
+    return max(float((a * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b))), AGREEMENT_FLOOR)
+
+
+def test_agreement_weights_are_row_centred_cosines_with_the_target():
+    target, close, unrelated = _descriptors(3, seed=2)
+    close = 0.8 * target + 0.3 * close + 5.0  # a per-grid offset does not count, nor does scale
+    opposite = -target + 2.0 * torch.ones_like(target)[:, :1]  # a per-probe offset does not count either
+    weights = agreement_weights([close, unrelated, opposite], target)
+    expected = [_agreement_numpy(x.numpy(), target.numpy()) for x in (close, unrelated, opposite)]
+    assert weights == pytest.approx(expected, abs=1e-12)
+    assert weights[0] > 0.8 and weights[2] == AGREEMENT_FLOOR
+    with pytest.raises(ValueError, match="do not match"):
+        agreement_weights([close[:3]], target)
 
 
 def test_the_relative_descriptor_is_the_standardised_expert_minus_the_target():
@@ -130,6 +148,56 @@ def test_a_consensus_term_solves_the_weighted_mean_of_its_sources(world, two_sou
     assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
 
 
+def test_a_consensus_term_weighs_its_sources_by_agreement_with_the_target_by_default(world, two_sources, tmp_path):
+    # "far" reads the probes in another order than the target: it should weigh less.
+    src = two_sources.descriptor("colour", "src")
+    far_affinity = torch.roll(src.tensors["source_affinity"], shifts=7, dims=0)
+    two_sources.put_descriptor("colour", "far", {"utd": -src.tensors["utd"], "source_affinity": far_affinity},
+                               {**src.meta, "id": "far"})
+    terms = [{"task": "colour", "source": ["src", "far"], "weight": 0.5}]
+    recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    _, grid = _target_grid(world, two_sources, "colour")
+    t = affinity(grid.inputs.double(), grid.class_rows.double()).numpy()
+    entries = [two_sources.descriptor("colour", i) for i in ("src", "far")]
+    weights = [_agreement_numpy(e.tensors["source_affinity"].double().numpy(), t) for e in entries]
+    term = json.loads((tmp_path / "out" / "report.json").read_text())["terms"][0]
+    assert term["weighting"] == "agreement" and term["source_weights"] == pytest.approx(weights, rel=1e-9)
+    assert weights[0] > weights[1]
+    # The normalised rule with those weights, written out.
+    us = [e.tensors["utd"].double().numpy() for e in entries]
+    c = np.array(weights) / sum(weights)
+    norms = np.array([np.linalg.norm(u) for u in us])
+    expected_u = sum(ci / ni * u for ci, ni, u in zip(c, norms, us)) * float(c @ norms)
+    expected = 0.5 * solve_dense(grid.inputs, grid.class_rows, torch.from_numpy(expected_u), RIDGE)
+    _, edits = _built_edits(tmp_path / "out")
+    assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
+    # `source_weights: uniform` is the unweighted rule, a different edit.
+    terms[0]["source_weights"] = "uniform"
+    recipe = write_recipe(tmp_path / "u.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE},
+                          export={"out": "uniform"})
+    assert run_ptc("build", recipe).returncode == 0
+    uniform = json.loads((tmp_path / "uniform" / "report.json").read_text())["terms"][0]
+    assert uniform["weighting"] == "uniform" and uniform["source_weights"] is None
+    assert uniform["descriptor_sha256"] != term["descriptor_sha256"]
+
+
+def test_agreement_weighting_on_descriptors_without_source_affinities_is_refused(world, bank_copy, tmp_path):
+    bank = Bank(bank_copy)
+    src = bank.descriptor("colour", "src")
+    bank.put_descriptor("colour", "old", {"utd": src.tensors["utd"]}, {**src.meta, "id": "old"})
+    terms = [{"task": "colour", "source": ["src", "old"], "weight": 0.5}]
+    result = run_ptc("check", write_recipe(tmp_path / "r.yaml", world, terms, bank=str(bank_copy)))
+    assert result.returncode == 2
+    assert "descriptor 'old' of task 'colour' has no source affinities, which `source_weights: agreement`" in result.stderr
+    assert "source_weights: uniform" in result.stderr
+    terms[0]["source_weights"] = "uniform"
+    result = run_ptc("check", write_recipe(tmp_path / "r.yaml", world, terms, bank=str(bank_copy)))
+    assert result.returncode == 0, result.stderr
+    assert "normalised of 2, uniform weights" in result.stdout
+
+
 def test_a_relative_term_solves_the_expert_minus_the_targets_own_affinities(world, two_sources, tmp_path):
     terms = [{"task": "colour", "source": "other", "kind": "relative", "weight": -0.5}]
     recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
@@ -164,6 +232,10 @@ def test_a_relative_term_on_a_descriptor_without_source_affinities_is_refused(wo
      "source_weights has 2 numbers for 1 sources"),
     ({"terms": [{"task": "colour", "source": ["src"], "source_weights": [1], "combine": "median", "weight": 0.5}]},
      "cannot weight a median"),
+    ({"terms": [{"task": "colour", "source": ["src", "x"], "source_weights": "agreement", "combine": "median",
+                 "weight": 0.5}]}, "agreement cannot weight a median"),
+    ({"terms": [{"task": "colour", "source": ["src", "x"], "source_weights": "votes", "weight": 0.5}]},
+     "terms[0].source_weights: expected agreement, uniform or a list of positive numbers, not 'votes'"),
     ({"terms": [{"task": "colour", "source": "src", "kind": "ratio", "weight": 0.5}]}, "kind"),
     ({"strength": {"mode": "auto", "control": ["colour"]}}, "strength.control[0]: 'colour' is a term's task"),
     ({"strength": "sometimes"}, "strength"),

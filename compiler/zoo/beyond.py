@@ -17,11 +17,11 @@ from ..certify import certificate
 from ..descriptor import affinity, consensus, cosine
 from ..recipe import Strength, Term
 from ..strength import choose_strengths
-from ..terms import source_descriptor
-from .paper import _mean, _points
+from ..terms import combined_descriptor, source_descriptor
+from .paper import Zoo, _mean, _points
 
 ALPHA = 0.5
-DEFAULT_RULE = Term.model_fields["combine"].default  # the headline consensus is what a recipe gets
+DEFAULT_RULE = "agreement"  # the headline consensus is what a recipe term gets by default
 
 
 def _retention(gains: list[float], oracle: list[float]) -> float:
@@ -50,9 +50,15 @@ class Descriptors:
 
 
 # -- 1 and 3: consensus and relative descriptors ---------------------------------------------------
-def source_cells(zoo, seed: int, tasks: list[str] | None = None) -> list[dict]:
-    """Per (target, task): the Oracle gain, every single cross-model source's gain and the
-    consensus of every subset of the other members, for both descriptor kinds."""
+UNWEIGHTED_RULES = ("mean", "normalised", "median")
+RULES = (*UNWEIGHTED_RULES, "agreement")  # agreement: what a recipe's consensus term does by default
+
+
+def source_cells(zoo, seed: int, tasks: list[str] | None = None, subsets: bool = True) -> list[dict]:
+    """Per (target, task): the Oracle gain, every single cross-model source's gain and (with
+    `subsets`) the consensus of every subset of the other members under every rule, for both
+    descriptor kinds. The `agreement` rule is a recipe's default consensus term, read through
+    terms.combined_descriptor; the others are the plain rules with uniform weights."""
     reader, cells = Descriptors(zoo, seed), []
     for target in zoo.members:
         view = zoo.view(target)
@@ -61,61 +67,78 @@ def source_cells(zoo, seed: int, tasks: list[str] | None = None) -> list[dict]:
             base = view.accuracy(task)
             gain = lambda u: _points(view.accuracy(task, view.operator(task, u, ALPHA)), base)  # noqa: E731
             own = reader.paper(task, target, target)
+            target_affinity = reader.pre_affinity(target, task)
             cell = {"target": target, "task": task, "seed": seed, "oracle_gain": gain(own), "kinds": {}}
             for kind in ("difference", "relative"):
                 read = reader.of(kind)
                 singles = {s: read(task, s, target) for s in others}
                 row = {"single": {s: gain(u) for s, u in singles.items()},
                        "single_cosine_to_own": {s: cosine(u, own) for s, u in singles.items()}, "consensus": {}}
-                for n in range(1, len(others) + 1):
+                for n in range(1, len(others) + 1) if subsets else ():
                     for subset in itertools.combinations(others, n):
                         parts = [singles[s] for s in subset]
-                        for rule in ("mean", "normalised", "median"):
-                            u = consensus(parts, combine=rule)
+                        term = Term(task=task, source=[f"{s}-s{seed}" for s in subset], kind=kind, weight=ALPHA)
+                        entries = [zoo.bank.descriptor(task, i) for i in term.sources]
+                        weighted, weights = combined_descriptor(term, entries, target_affinity)
+                        combined = {rule: consensus(parts, combine=rule) for rule in UNWEIGHTED_RULES}
+                        combined["agreement"] = weighted
+                        for rule, u in combined.items():
                             row["consensus"].setdefault(rule, {}).setdefault(str(n), []).append(
-                                {"sources": list(subset), "gain": gain(u), "cosine_to_own": cosine(u, own)})
+                                {"sources": list(subset), "gain": gain(u), "cosine_to_own": cosine(u, own),
+                                 **({"weights": weights} if rule == "agreement" else {})})
                 cell["kinds"][kind] = row
             cells.append(cell)
     return cells
 
 
-def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None) -> dict:
-    """Retention against the number of sources, best single sources, agreement with the Oracle."""
+def best_source_per_target(cells: list[dict], kind: str, chooser: list[dict] | None = None) -> dict[str, str]:
+    """Per target, the source member whose transfers gain most over `chooser`'s cells (the
+    labelled train split's, or the scored cells themselves: a hindsight choice)."""
+    chooser = cells if chooser is None else chooser
+    best = {}
+    for target in dict.fromkeys(c["target"] for c in cells):
+        mine = [c for c in chooser if c["target"] == target]
+        if mine:
+            sources = list(mine[0]["kinds"][kind]["single"])
+            best[target] = max(sources, key=lambda s: sum(c["kinds"][kind]["single"][s] for c in mine))
+    return best
+
+
+def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None,
+                      train_cells: list[dict] | None = None) -> dict:
+    """Retention against the number of sources, best single sources (chosen per target on the
+    train split's cells when given, and with hindsight on the scored cells), agreement with
+    the Oracle."""
     everyone = str(len(zoo.members) - 1)
+    oracle = [c["oracle_gain"] for c in cells]
     out = {}
     for kind in ("difference", "relative"):
         oracle_per_single = [c["oracle_gain"] for c in cells for _ in c["kinds"][kind]["single"]]
         singles = [g for c in cells for g in c["kinds"][kind]["single"].values()]
-        # Best single source: per target, the member whose transfers gain most over its cells
-        # (a hindsight choice on test, so a generous comparison); and per cell (more generous).
-        best_fixed, best_cell = [], []
-        for target in zoo.members:
-            mine = [c for c in cells if c["target"] == target]
-            sources = list(mine[0]["kinds"][kind]["single"]) if mine else []
-            if sources:
-                top = max(sources, key=lambda s: sum(c["kinds"][kind]["single"][s] for c in mine))
-                best_fixed += [c["kinds"][kind]["single"][top] for c in mine]
-            best_cell += [max(c["kinds"][kind]["single"].values()) for c in mine]
-        oracle = [c["oracle_gain"] for c in cells]
-        by_count = {"1": _retention(singles, oracle_per_single)}
-        rules = {}
-        for rule in ("mean", "normalised", "median"):
-            rules[rule] = {}
-            for n in range(1, len(zoo.members)):
-                rows = [(r["gain"], c["oracle_gain"]) for c in cells for r in c["kinds"][kind]["consensus"][rule][str(n)]]
-                rules[rule][str(n)] = _retention([g for g, _ in rows], [o for _, o in rows])
-        by_count.update(rules[DEFAULT_RULE])
-        all_mean = [c["kinds"][kind]["consensus"][DEFAULT_RULE][everyone][0] for c in cells]
+
+        def fixed_source_retention(best: dict[str, str]) -> float:
+            return _retention([c["kinds"][kind]["single"][best[c["target"]]] for c in cells], oracle)
+
+        best_cell = [max(c["kinds"][kind]["single"].values()) for c in cells]
+        rules = {rule: {n: _retention([r["gain"] for c in cells for r in c["kinds"][kind]["consensus"][rule][n]],
+                                      [c["oracle_gain"] for c in cells for _ in c["kinds"][kind]["consensus"][rule][n]])
+                        for n in cells[0]["kinds"][kind]["consensus"][rule]} for rule in RULES}
+        by_count = {"1": _retention(singles, oracle_per_single), **rules[DEFAULT_RULE]}
+        all_sources = [c["kinds"][kind]["consensus"][DEFAULT_RULE][everyone][0] for c in cells]
+        chosen_on_train = best_source_per_target(cells, kind, train_cells) if train_cells else None
         out[kind] = {
             "single_source_retention": by_count["1"],
-            "best_fixed_source_retention": _retention(best_fixed, oracle),
+            "best_fixed_source_retention": fixed_source_retention(best_source_per_target(cells, kind)),
+            "train_chosen_source_retention": fixed_source_retention(chosen_on_train) if chosen_on_train else None,
+            "train_chosen_sources": chosen_on_train,
             "best_cell_source_retention": _retention(best_cell, oracle),
-            "consensus_retention": _retention([r["gain"] for r in all_mean], oracle),
+            "consensus_retention": _retention([r["gain"] for r in all_sources], oracle),
             "retention_by_sources": by_count, "retention_by_rule": rules,
-            "single_gain": _mean(singles), "consensus_gain": _mean(r["gain"] for r in all_mean),
+            "single_gain": _mean(singles), "consensus_gain": _mean(r["gain"] for r in all_sources),
             "oracle_gain": _mean(oracle),
             "single_cosine_to_own": _mean(v for c in cells for v in c["kinds"][kind]["single_cosine_to_own"].values()),
-            "consensus_cosine_to_own": _mean(r["cosine_to_own"] for r in all_mean),
+            "consensus_cosine_to_own": _mean(r["cosine_to_own"] for r in all_sources),
+            "consensus_weights": _mean_weights(cells, kind, everyone),
             "per_task": {task: {"single": _retention(
                 [g for c in cells if c["task"] == task for g in c["kinds"][kind]["single"].values()],
                 [c["oracle_gain"] for c in cells if c["task"] == task for _ in c["kinds"][kind]["single"]]),
@@ -125,6 +148,17 @@ def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None) ->
                 for task in (zoo.source_tasks if tasks is None else tasks)},
             "cells": len(cells)}
     return out
+
+
+def _mean_weights(cells: list[dict], kind: str, everyone: str) -> dict[str, float]:
+    """Mean normalised agreement weight each member got as a source of the all-others consensus."""
+    shares: dict[str, list[float]] = {}
+    for c in cells:
+        record = c["kinds"][kind]["consensus"]["agreement"][everyone][0]
+        total = sum(record["weights"])
+        for source, w in zip(record["sources"], record["weights"]):
+            shares.setdefault(source, []).append(w / total)
+    return {source: _mean(values) for source, values in sorted(shares.items())}
 
 
 # -- 2: label-free strength ------------------------------------------------------------------------
@@ -191,11 +225,14 @@ def _fraction(records: list[dict]) -> float:
 # -- the section of results.json -------------------------------------------------------------------
 def run(zoo, echo) -> tuple[dict, dict]:
     """(results["beyond"], results["certify"])."""
+    train = Zoo(zoo.root, zoo.progress, split="train")  # where a labelled choice of source is made
+    train.ridge = zoo.ridge
     per_seed = []
     for seed in zoo.seeds:
-        summary = summarise_sources(source_cells(zoo, seed), zoo)
+        summary = summarise_sources(source_cells(zoo, seed), zoo, train_cells=source_cells(train, seed, subsets=False))
         per_seed.append(summary)
         echo(f"  beyond, seed {seed}: single-source retention {summary['difference']['single_source_retention']:.3f}, "
+             f"best source chosen on train {summary['difference']['train_chosen_source_retention']:.3f}, "
              f"consensus {summary['difference']['consensus_retention']:.3f}, relative "
              f"{summary['relative']['single_source_retention']:.3f}, relative consensus "
              f"{summary['relative']['consensus_retention']:.3f}")
@@ -216,10 +253,17 @@ def run(zoo, echo) -> tuple[dict, dict]:
     beyond = {
         "consensus": {"retention": over_seeds("difference", "consensus_retention")["mean"],
                       "spread": over_seeds("difference", "consensus_retention"),
-                      "relative_retention": over_seeds("relative", "consensus_retention")["mean"]},
+                      "relative_retention": over_seeds("relative", "consensus_retention")["mean"],
+                      "relative_spread": over_seeds("relative", "consensus_retention"),
+                      "weighting": "agreement"},
         "single_source": {"retention": over_seeds("difference", "single_source_retention")["mean"],
                           "spread": over_seeds("difference", "single_source_retention"),
                           "best_fixed_source_retention": over_seeds("difference", "best_fixed_source_retention")["mean"],
+                          "train_chosen_source_retention": over_seeds("difference", "train_chosen_source_retention")["mean"],
+                          "relative_best_fixed_source_retention":
+                              over_seeds("relative", "best_fixed_source_retention")["mean"],
+                          "relative_train_chosen_source_retention":
+                              over_seeds("relative", "train_chosen_source_retention")["mean"],
                           "best_cell_source_retention": over_seeds("difference", "best_cell_source_retention")["mean"]},
         "relative": {"retention": over_seeds("relative", "single_source_retention")["mean"],
                      "spread": over_seeds("relative", "single_source_retention"),

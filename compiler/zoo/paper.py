@@ -104,7 +104,18 @@ class Zoo:
         self.ridge = 1.0
 
     def test_dir(self, task: str) -> Path:
-        return self.root / "world" / "tasks" / task / self.split_name
+        folder = self.root / "world" / "tasks" / task / self.split_name
+        if not folder.is_dir() and self.split_name == "train":
+            self._regenerate_task(task)
+        return folder
+
+    def _regenerate_task(self, task: str) -> None:
+        """Train splits are not committed: the world writes them again, byte for byte (a task's
+        probes and test split come out identical to the committed ones)."""
+        from .world import WorldSize, write_task
+
+        sizes = {k: v for k, v in self.index["world"].items() if k in WorldSize.__dataclass_fields__}
+        write_task(self.root / "world", task, WorldSize(**sizes), self.index["seed"])
 
     def descriptor(self, task: str, member: str, seed: int) -> torch.Tensor:
         return self.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"].double()
