@@ -79,7 +79,11 @@ def agreement_weights(source_affinities: list[torch.Tensor], target_affinity: to
     for source in source_affinities:
         if source.shape != target.shape:
             raise ValueError(f"source affinities {tuple(source.shape)} do not match the target's {tuple(target.shape)}")
-        weights.append(max(cosine(centred(source.double()), target), AGREEMENT_FLOOR))
+        source = centred(source.double())
+        # Constant rows (a text tower whose class prompts collapsed to one) agree with nothing.
+        norms = float(source.norm() * target.norm())
+        agreement = float((source * target).sum()) / norms if norms > 0 else 0.0
+        weights.append(max(agreement, AGREEMENT_FLOOR))
     return weights
 
 

@@ -60,6 +60,10 @@ def test_agreement_weights_are_row_centred_cosines_with_the_target():
     expected = [_agreement_numpy(x.numpy(), target.numpy()) for x in (close, unrelated, opposite)]
     assert weights == pytest.approx(expected, abs=1e-12)
     assert weights[0] > 0.8 and weights[2] == AGREEMENT_FLOOR
+    # A source whose class prompts collapsed has constant rows: no agreement, not NaN.
+    collapsed = torch.ones_like(target) * 0.3
+    assert agreement_weights([collapsed, close], target) == pytest.approx([AGREEMENT_FLOOR, weights[0]], abs=1e-12)
+    assert agreement_weights([close], torch.zeros_like(target)) == [AGREEMENT_FLOOR]
     with pytest.raises(ValueError, match="do not match"):
         agreement_weights([close[:3]], target)
 
