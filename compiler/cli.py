@@ -304,22 +304,31 @@ def zoo() -> None:
     """Build and inspect the offline zoo (models pretrained here on a generated world)."""
 
 
-def _zoo_dir(root: Path | None) -> Path:
+def _zoo_dir(root: Path | None, profile: str = "full") -> Path:
+    """--root, else the profile's folder under $PTC_ZOO or the repository's zoo/."""
     from targets.zoo import zoo_root
-    return root or zoo_root()
+
+    from .zoo.profiles import PROFILES
+    return root or zoo_root() / PROFILES[profile].folder
+
+
+def _profiles() -> list[str]:
+    from .zoo.profiles import PROFILES
+    return list(PROFILES)
 
 
 @zoo.command("build")
-@click.option("--profile", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
+@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True,
+              help="full: the image zoo; audio: the CLAP zoo; tiny, audio-tiny: test size.")
 @click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository).")
+              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository; audio: its audio/ folder).")
 @click.option("--member", "members", multiple=True, help="Build only these members (repeatable).")
 @handled
 def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
     """Build the zoo, or continue an interrupted build where it stopped."""
     from .zoo.build import build_zoo, collapsed, profile_named, quality_rows
 
-    root = _zoo_dir(root)
+    root = _zoo_dir(root, profile)
     index = build_zoo(root, profile_named(profile), echo=click.echo, members=members or None)
     for row in quality_rows(index):
         click.echo(row)
@@ -346,9 +355,10 @@ def zoo_show(root: Path | None) -> None:
 
 
 @main.command()
-@click.option("--profile", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
+@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
 @click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository; tiny: OUT/zoo-tiny, built if missing).")
+              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
+                   "tiny, audio-tiny: OUT/zoo-PROFILE); built or completed if needed.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
 @handled
 def paper(profile: str, root: Path | None, out: Path) -> None:
@@ -357,9 +367,11 @@ def paper(profile: str, root: Path | None, out: Path) -> None:
     from .zoo import report
     from .zoo.build import build_zoo, profile_named, read_index
 
-    root = root or (out / "zoo-tiny" if profile == "tiny" else _zoo_dir(None))
-    if profile == "tiny" or not read_index(root):
-        build_zoo(root, profile_named(profile), echo=click.echo)
+    scratch = profile_named(profile).scratch
+    root = root or (out / f"zoo-{profile}" if scratch else _zoo_dir(None, profile))
+    profile = read_index(root).get("profile", profile)  # a zoo named by --root is run as it was built
+    # A finished zoo is left as it is, except for the splits it does not commit (written again).
+    build_zoo(root, profile_named(profile), echo=click.echo)
     results = harness.run(root, echo=click.echo)
     written = report.write(results, out, f"paper-{profile}")
     for line in report.findings(results):

@@ -2,7 +2,8 @@
 through its own family's scheme from the checkpoint the zoo saved in that library's native
 format, so a zoo model runs through the same code as a real checkpoint.
 
-The zoo is the folder in $PTC_ZOO, else the one committed at the repository's root (zoo/).
+The zoo is the folder in $PTC_ZOO, else the one committed at the repository's root (zoo/);
+zoos one level below it (zoo/audio/, the CLAP members) are searched too.
 """
 
 from __future__ import annotations
@@ -23,21 +24,29 @@ def zoo_root() -> Path:
     return Path(os.environ.get("PTC_ZOO") or REPOSITORY_ZOO).expanduser().resolve()
 
 
+def _indexes(root: Path) -> list[Path]:
+    """The zoo's index and those of the zoos beside it (one level down: zoo/audio/ for CLAP)."""
+    return [p for p in [root / INDEX, *sorted(root.glob(f"*/{INDEX}"))] if p.is_file()]
+
+
 def _member_ref(name: str) -> tuple[str, Path]:
-    """(the member's native reference, relative to the zoo root; the root)."""
+    """(the member's native reference, relative to its zoo's root; that root)."""
     root = zoo_root()
-    index = root / INDEX
-    if not index.is_file():
-        raise ModelNotFound(f"zoo:{name}: no zoo at {root} (looked for {index})",
+    indexes = _indexes(root)
+    if not indexes:
+        raise ModelNotFound(f"zoo:{name}: no zoo at {root} (looked for {root / INDEX} and {root / '*' / INDEX})",
                             "build one with `ptc zoo build`, or point PTC_ZOO at a zoo folder")
-    try:
-        members = json.loads(index.read_text()).get("members", {})
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"zoo:{name}: cannot read {index}: {exc}") from None
-    if name not in members:
-        raise ModelNotFound(f"zoo:{name}: not a member of the zoo at {root}",
-                            f"members: {', '.join(sorted(members)) or '(none built yet)'}")
-    return members[name]["ref"], root
+    known = []
+    for index in indexes:
+        try:
+            members = json.loads(index.read_text()).get("members", {})
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelError(f"zoo:{name}: cannot read {index}: {exc}") from None
+        if name in members:
+            return members[name]["ref"], index.parent
+        known += members
+    raise ModelNotFound(f"zoo:{name}: not a member of the zoo at {root}",
+                        f"members: {', '.join(sorted(known)) or '(none built yet)'}")
 
 
 def load(name: str, base_dir: Path):

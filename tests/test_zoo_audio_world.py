@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from compiler.zoo.audio_world import (GLIDES, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
-                                      write_audio_world)
+                                      write_world)
 from compiler.zoo.world import WorldSize
 from conftest import tree_digest
 
@@ -21,9 +21,9 @@ SMALL = WorldSize(pretrain=6, probes=4, train=2, test=1)
 
 
 def test_the_audio_world_is_a_function_of_its_seed(tmp_path):
-    write_audio_world(tmp_path / "a", SMALL, seed=3)
-    write_audio_world(tmp_path / "b", SMALL, seed=3)
-    write_audio_world(tmp_path / "c", SMALL, seed=4)
+    write_world(tmp_path / "a", SMALL, seed=3)
+    write_world(tmp_path / "b", SMALL, seed=3)
+    write_world(tmp_path / "c", SMALL, seed=4)
     assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
     assert tree_digest(tmp_path / "a") != tree_digest(tmp_path / "c")
     captions = (tmp_path / "a" / "pretrain" / "captions.jsonl").read_text().splitlines()
@@ -82,7 +82,7 @@ def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
     from compiler.grid import load_task
     from targets.hf_clap import build_tiny
 
-    files = write_audio_world(tmp_path / "world", SMALL, seed=0)
+    files = write_world(tmp_path / "world", SMALL, seed=0)
     assert set(files) == set(TASKS)
     probe = sorted((tmp_path / "world" / "tasks" / "pitch" / "probes").glob("*.wav"))[0]
     samples, rate = soundfile.read(probe)

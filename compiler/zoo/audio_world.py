@@ -1,5 +1,5 @@
 """The zoo's generated audio world, for CLAP members: clips of attributes, their captions,
-and the task files (the counterpart of world.py; CLAP members are not built yet).
+and the task files (the counterpart of world.py, for the `audio` zoo profile).
 
 A clip is a pulsed tone: a waveform at a pitch, pulsing at a tempo, gliding up, down or not at
 all, over a background noise of some colour. Each attribute is a task. Pretraining clips are
@@ -36,6 +36,8 @@ TASKS = {
     "noise": (NOISES, ("over {} noise.", "a tone with {} noise behind it.")),
 }
 CONTROL_TASKS = ("noise",)
+IN_DISTRIBUTION: dict[str, str] = {}  # no plain-style variants (yet)
+INPUT_KEY = "clip"  # what captions.jsonl calls a pretraining input
 
 
 @dataclass(frozen=True)
@@ -104,35 +106,41 @@ def caption(clip: Clip, rng: random.Random, template_share: float = 0.3) -> str:
     return "the sound of " + ", ".join(picked) + "."
 
 
-def write_audio_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
-                      template_share: float = 0.3) -> dict[str, Path]:
-    """root/pretrain/{clips/*.wav, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
-    train/<class>/, test/<class>/}. Returns task name -> task file."""
+def _save(clip: Clip, path: Path, shifted: bool, rng: random.Random) -> None:
     import soundfile
 
-    def save(clip: Clip, path: Path, shifted: bool, rng: random.Random) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        samples, rate = render(clip, rng, shifted)
-        soundfile.write(str(path), samples, rate, subtype="PCM_16")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    samples, rate = render(clip, rng, shifted)
+    soundfile.write(str(path), samples, rate, subtype="PCM_16")
 
+
+def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
+                template_share: float = 0.3) -> dict[str, Path]:
+    """root/pretrain/{clips/*.wav, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
+    train/<class>/, test/<class>/}. Returns task name -> task file. With `size.pretrain == 0`
+    only the task splits are written, byte for byte those of any larger world."""
     rng = random.Random(f"audio/{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):
         clip = sample_clip(rng)
-        save(clip, root / "pretrain" / "clips" / f"{i:06d}.wav", False, rng)
-        lines.append(json.dumps({"clip": f"clips/{i:06d}.wav", "caption": caption(clip, rng, template_share)}))
+        _save(clip, root / "pretrain" / "clips" / f"{i:06d}.wav", False, rng)
+        lines.append(json.dumps({INPUT_KEY: f"clips/{i:06d}.wav", "caption": caption(clip, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
-    files = {}
-    for task, (classes, templates) in TASKS.items():
-        folder, rng = root / "tasks" / task, random.Random(f"audio/{seed}/{task}")
-        for i in range(size.probes):
-            save(sample_clip(rng), folder / "probes" / f"{i:04d}.wav", True, rng)
-        for split, count in (("train", size.train), ("test", size.test)):
-            for label in classes:
-                for i in range(count):
-                    save(sample_clip(rng, {task: label}), folder / split / label / f"{i:04d}.wav", True, rng)
-        files[task] = folder / "task.yaml"
-        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
-                                               "templates": list(templates)}, sort_keys=False))
-    return files
+    return {task: write_task(root, task, size, seed) for task in TASKS}
+
+
+def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
+    """One task's folder (probes, train and test splits, task.yaml) from its own random stream."""
+    classes, templates = TASKS[task]
+    folder, rng = root / "tasks" / task, random.Random(f"audio/{seed}/{task}")
+    for i in range(size.probes):
+        _save(sample_clip(rng), folder / "probes" / f"{i:04d}.wav", True, rng)
+    for split, count in (("train", size.train), ("test", size.test)):
+        for label in classes:
+            for i in range(count):
+                _save(sample_clip(rng, {task: label}), folder / split / label / f"{i:04d}.wav", True, rng)
+    path = folder / "task.yaml"
+    path.write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
+                                    "templates": list(templates)}, sort_keys=False))
+    return path

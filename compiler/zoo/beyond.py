@@ -155,8 +155,9 @@ def _mean_weights(cells: list[dict], kind: str, everyone: str) -> dict[str, floa
     shares: dict[str, list[float]] = {}
     for c in cells:
         record = c["kinds"][kind]["consensus"]["agreement"][everyone][0]
-        total = sum(record["weights"])
-        for source, w in zip(record["sources"], record["weights"]):
+        weights = record["weights"] or [1.0] * len(record["sources"])  # one source: no weighting
+        total = sum(weights)
+        for source, w in zip(record["sources"], weights):
             shares.setdefault(source, []).append(w / total)
     return {source: _mean(values) for source, values in sorted(shares.items())}
 

@@ -35,12 +35,12 @@ from ..grid import load_task
 from ..sources import add_descriptor
 from .pretrain import pretrain
 from .profiles import PROFILES, Member, Profile
-from .world import write_task, write_world
+from .worlds import world_module
 
 INDEX = "zoo.json"
 FORMAT = 1
 # A task's class prompts are told apart by a text tower when their mean pairwise cosine stays
-# below this; above it the classes have collapsed and no image-side edit can separate them.
+# below this; above it the classes have collapsed and no input-side edit can separate them.
 MAX_PROMPT_COSINE = 0.9
 LOAD_CHUNK = 1000  # pretraining inputs are preprocessed this many files at a time
 
@@ -89,10 +89,11 @@ def member_quality(encoder, bank: Bank, files: dict[str, Path], tasks: tuple[str
 def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict:
     """Build the member's initial weights, pretrain them on the world, save natively."""
     captions = [json.loads(line) for line in (root / "world" / "pretrain" / "captions.jsonl").read_text().splitlines()]
+    key = world_module(profile.world_kind).INPUT_KEY
     with tempfile.TemporaryDirectory() as scratch:
         folder = _builder(member)(Path(scratch) / "init", seed=profile.seed, **member.options)
         encoder = targets.load(f"{member.scheme}:{folder}")
-    paths = [root / "world" / "pretrain" / c["image"] for c in captions]
+    paths = [root / "world" / "pretrain" / c[key] for c in captions]
     chunks = [encoder.load_inputs(paths[i:i + LOAD_CHUNK]) for i in range(0, len(paths), LOAD_CHUNK)]
     inputs = {key: torch.cat([chunk[key] for chunk in chunks]) for key in chunks[0]}
     config = profile.pretrain
@@ -150,7 +151,8 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
     if index and index.get("profile") != profile.name:
         raise InputError(f"{root / INDEX}: this zoo was built with profile {index.get('profile')!r}, "
                          f"not {profile.name!r}", "build into another folder, or delete this one")
-    index.update({"format": FORMAT, "profile": profile.name, "seed": profile.seed,
+    world = world_module(profile.world_kind)
+    index.update({"format": FORMAT, "profile": profile.name, "seed": profile.seed, "world_kind": profile.world_kind,
                   "world": {**profile.world.__dict__, "template_share": profile.template_share},
                   "tasks": list(profile.tasks), "control_tasks": list(profile.control_tasks),
                   "in_distribution_tasks": list(profile.in_distribution_tasks),
@@ -158,14 +160,15 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
     index.setdefault("members", {})
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "world" / "world.json").is_file():
-        echo(f"world: {profile.world.pretrain} captioned images, {len(profile.tasks)} tasks -> {root / 'world'}")
-        write_world(root / "world", profile.world, profile.seed, profile.template_share)
+        echo(f"world ({profile.world_kind}): {profile.world.pretrain} captioned inputs, {len(profile.tasks)} tasks "
+             f"-> {root / 'world'}")
+        world.write_world(root / "world", profile.world, profile.seed, profile.template_share)
         write_json_atomic(root / "world" / "world.json", index["world"])
     all_tasks = (*profile.tasks, *profile.in_distribution_tasks)
-    for name in profile.in_distribution_tasks:  # tasks added after the world was written
-        if not (root / "world" / "tasks" / name / "task.yaml").is_file():
+    for name in all_tasks:  # tasks added after the world was written, or splits not committed
+        if not (root / "world" / "tasks" / name / "probes").is_dir():
             echo(f"world: task {name}")
-            write_task(root / "world", name, profile.world, profile.seed)
+            world.write_task(root / "world", name, profile.world, profile.seed)
     files = {name: path for name, path in _task_files(root).items() if name in all_tasks}
     bank = Bank(root / "bank")
     for name in all_tasks:
@@ -175,6 +178,9 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
             continue
         record = index["members"].get(member.name)
         if record is None or not (root / "models" / member.name).is_dir():
+            if not (root / "world" / "pretrain" / "captions.jsonl").is_file():  # not committed: written again
+                echo(f"world ({profile.world_kind}): {profile.world.pretrain} captioned inputs")
+                world.write_world(root / "world", profile.world, profile.seed, profile.template_share)
             echo(f"member {member.name} ({member.builder})")
             record = _pretrain_member(member, profile, root, echo)
             index["members"][member.name] = record

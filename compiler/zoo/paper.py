@@ -112,10 +112,12 @@ class Zoo:
     def _regenerate_task(self, task: str) -> None:
         """Train splits are not committed: the world writes them again, byte for byte (a task's
         probes and test split come out identical to the committed ones)."""
-        from .world import WorldSize, write_task
+        from .world import WorldSize
+        from .worlds import world_module
 
         sizes = {k: v for k, v in self.index["world"].items() if k in WorldSize.__dataclass_fields__}
-        write_task(self.root / "world", task, WorldSize(**sizes), self.index["seed"])
+        world = world_module(self.index.get("world_kind", "image"))
+        world.write_task(self.root / "world", task, WorldSize(**sizes), self.index["seed"])
 
     def descriptor(self, task: str, member: str, seed: int) -> torch.Tensor:
         return self.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"].double()
@@ -357,10 +359,13 @@ def choose_ridge(root: Path, progress: bool = False) -> dict:
     zoo = Zoo(root, progress, split="train")
     gains = {}
     for ridge in RIDGES:
+        pairs = [(target, task) for target in zoo.members for task in zoo.source_tasks
+                 if zoo.index["members"][target]["quality"][task]["distinct"]]
+        # A zoo whose members tell no task's classes apart (a test-size one) chooses on every cell.
+        pairs = pairs or [(target, task) for target in zoo.members for task in zoo.source_tasks]
         cells = [_points(view.accuracy(task, view.operator(task, zoo.descriptor(task, target, seed), ALPHA, ridge)),
                          view.accuracy(task))
-                 for target in zoo.members for view in [zoo.view(target)] for task in zoo.source_tasks
-                 for seed in zoo.seeds if zoo.index["members"][target]["quality"][task]["distinct"]]
+                 for target, task in pairs for view in [zoo.view(target)] for seed in zoo.seeds]
         gains[str(ridge)] = _mean(cells)
     best = max(RIDGES, key=lambda r: gains[str(r)])
     return {"ridge": best, "train_oracle_gain": gains, "split": "train"}

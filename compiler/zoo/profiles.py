@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import audio_world
 from .pretrain import PretrainConfig
 from .world import CONTROL_TASKS, IN_DISTRIBUTION, TASKS, WorldSize
 
@@ -38,6 +39,9 @@ class Profile:
     # seed only; kept apart from `tasks` so the paper's tables stay on the shifted tasks.
     in_distribution_tasks: tuple[str, ...] = ()
     seed: int = 0                         # the world's and the initial weights' seed
+    world_kind: str = "image"             # which generated world (worlds.KINDS) the members learn
+    folder: str = ""                      # where under the zoo root the profile builds by default
+    scratch: bool = False                 # built afresh under `ptc paper --out` (a test-size profile)
 
     @property
     def source_tasks(self) -> tuple[str, ...]:
@@ -80,6 +84,47 @@ TINY = Profile(
     template_share=0.8,
     finetune_steps=25,
     seeds=(0, 1),
+    scratch=True,
 )
 
-PROFILES = {profile.name: profile for profile in (FULL, TINY)}
+# CLAP members: HTSAT audio towers of different width and depth (as the paper's four CLAP
+# checkpoints differ), RoBERTa text towers, each pretrained on the audio world.
+AUDIO = Profile(
+    name="audio",
+    world=WorldSize(pretrain=6000, probes=200, train=30, test=40),
+    members=(
+        Member("clap-s", "hf", "hf_clap:build_tiny", {"embed_dim": 24, "patch_width": 16, "depths": (1, 1),
+                                                       "text_width": 32}),
+        Member("clap-m", "hf", "hf_clap:build_tiny", {"embed_dim": 32, "patch_width": 24, "depths": (2, 2),
+                                                       "text_width": 48}),
+        Member("clap-d", "hf", "hf_clap:build_tiny", {"embed_dim": 40, "patch_width": 16, "depths": (1, 1, 1),
+                                                       "text_width": 32}),
+    ),
+    pretrain=PretrainConfig(steps=1500, batch_size=64, lr=1e-3),
+    tasks=tuple(audio_world.TASKS), control_tasks=audio_world.CONTROL_TASKS,
+    template_share=0.3,
+    finetune_steps=100,
+    world_kind="audio",
+    folder="audio",
+)
+
+AUDIO_TINY = Profile(
+    name="audio-tiny",
+    world=WorldSize(pretrain=128, probes=16, train=4, test=6),
+    members=(
+        Member("clap-a", "hf", "hf_clap:build_tiny", {"embed_dim": 16, "patch_width": 8, "depths": (1, 1),
+                                                       "text_width": 16, "text_layers": 1}),
+        Member("clap-b", "hf", "hf_clap:build_tiny", {"embed_dim": 20, "patch_width": 8, "depths": (1, 1, 1),
+                                                       "text_width": 16, "text_layers": 1}),
+    ),
+    pretrain=PretrainConfig(steps=20, batch_size=32, lr=3e-3, warmup=5),
+    tasks=("pitch", "tempo", "noise"), control_tasks=audio_world.CONTROL_TASKS,
+    template_share=0.8,
+    finetune_steps=6,
+    seeds=(0,),
+    world_kind="audio",
+    folder="audio-tiny",
+    scratch=True,
+)
+
+PROFILES = {profile.name: profile for profile in (FULL, TINY, AUDIO, AUDIO_TINY)}

@@ -228,7 +228,7 @@ def findings(results: dict) -> list[str]:
     collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]
     if collapsed:
         lines.append(f"diagnosis: class prompts collapsed (mean cosine > 0.9) on {', '.join(collapsed)}; no "
-                     "image-side edit can separate those classes. Retention over the cells whose target tells "
+                     "input-side edit can separate those classes. Retention over the cells whose target tells "
                      f"its task's classes apart: {add['retention_distinct_prompts']:.3f}")
     if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
         lines.append(f"diagnosis: the sources' own fine-tunes gain {add['finetuned_gain']:+.2f} points; the Oracle "

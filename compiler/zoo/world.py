@@ -46,6 +46,7 @@ CONTROL_TASKS = ("background",)
 # the plain style pretraining saw (no shift). They measure what a method does where a linear
 # edit has little headroom (issue #8 reports the relative descriptor on both kinds).
 IN_DISTRIBUTION = {"colour-plain": "colour", "count-plain": "count", "quadrant-plain": "quadrant"}
+INPUT_KEY = "image"  # what captions.jsonl calls a pretraining input
 
 
 def attribute_of(task: str) -> str:
@@ -194,7 +195,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     for i in range(size.pretrain):
         scene = sample_scene(rng, fit_pool, targets)
         save(scene, root / "pretrain" / "images" / f"{i:06d}.png", shifted=False)
-        lines.append(json.dumps({"image": f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
+        lines.append(json.dumps({INPUT_KEY: f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
     return {task: write_task(root, task, size, seed) for task in TASKS}
