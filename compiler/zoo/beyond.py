@@ -86,6 +86,14 @@ def source_cells(zoo, seed: int, tasks: list[str] | None = None, subsets: bool =
                             row["consensus"].setdefault(rule, {}).setdefault(str(n), []).append(
                                 {"sources": list(subset), "gain": gain(u), "cosine_to_own": cosine(u, own),
                                  **({"weights": weights} if rule == "agreement" else {})})
+                # Every other member's every fine-tune in the bank (in-distribution tasks have one seed).
+                bank_ids = [f"{s}-s{k}" for s in others for k in zoo.seeds]
+                if subsets and len(zoo.seeds) > 1 and set(bank_ids) <= set(zoo.bank.descriptor_ids(task)):
+                    term = Term(task=task, source=bank_ids, kind=kind, weight=ALPHA)
+                    u, _ = combined_descriptor(term, [zoo.bank.descriptor(task, i) for i in term.sources],
+                                               target_affinity)
+                    row["bank_consensus"] = {"gain": gain(u), "cosine_to_own": cosine(u, own),
+                                             "sources": list(term.sources)}
                 cell["kinds"][kind] = row
             cells.append(cell)
     return cells
@@ -133,6 +141,8 @@ def summarise_sources(cells: list[dict], zoo, tasks: list[str] | None = None,
             "train_chosen_sources": chosen_on_train,
             "best_cell_source_retention": _retention(best_cell, oracle),
             "consensus_retention": _retention([r["gain"] for r in all_sources], oracle),
+            "bank_consensus_retention": _retention([c["kinds"][kind]["bank_consensus"]["gain"] for c in cells], oracle)
+            if all("bank_consensus" in c["kinds"][kind] for c in cells) else None,
             "retention_by_sources": by_count, "retention_by_rule": rules,
             "single_gain": _mean(singles), "consensus_gain": _mean(r["gain"] for r in all_sources),
             "oracle_gain": _mean(oracle),
@@ -256,6 +266,11 @@ def run(zoo, echo) -> tuple[dict, dict]:
                       "spread": over_seeds("difference", "consensus_retention"),
                       "relative_retention": over_seeds("relative", "consensus_retention")["mean"],
                       "relative_spread": over_seeds("relative", "consensus_retention"),
+                      "bank": None if per_seed[0]["difference"]["bank_consensus_retention"] is None else {
+                          "retention": over_seeds("difference", "bank_consensus_retention")["mean"],
+                          "spread": over_seeds("difference", "bank_consensus_retention"),
+                          "relative_retention": over_seeds("relative", "bank_consensus_retention")["mean"],
+                          "relative_spread": over_seeds("relative", "bank_consensus_retention")},
                       "weighting": "agreement"},
         "single_source": {"retention": over_seeds("difference", "single_source_retention")["mean"],
                           "spread": over_seeds("difference", "single_source_retention"),
