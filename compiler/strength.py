@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .descriptor import affinity
+from .descriptor import affinity, centred
 from .embed import GridEmbeddings
 from .recipe import Strength
 from .solve import edit_regressors, factorize, solve_operator
@@ -37,10 +37,6 @@ def _rows(emb: GridEmbeddings, mask: torch.Tensor | None = None) -> torch.Tensor
 
 def _induced(emb: GridEmbeddings, operator: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(emb, mask) @ operator.T @ emb.class_rows.double().T
-
-
-def _centred(scores: torch.Tensor) -> torch.Tensor:
-    return scores - scores.mean(dim=1, keepdim=True)
 
 
 def _fold_masks(n: int, folds: int) -> list[torch.Tensor]:
@@ -91,10 +87,10 @@ def choose_strengths(terms: list[tuple[str, torch.Tensor, float]], grids: dict[s
     control_induced, control_scale = {}, {}
     for name, emb in controls.items():
         pre = affinity(emb.inputs.double(), emb.class_rows.double())
-        control_scale[name] = float(_centred(pre).square().sum()) or 1.0
+        control_scale[name] = float(centred(pre).square().sum()) or 1.0
         # Only the part of a probe's movement that differs between classes can change its
         # prediction; a shift shared by every class of a probe cannot.
-        control_induced[name] = [_centred(_induced(emb, a)) for a in full]
+        control_induced[name] = [centred(_induced(emb, a)) for a in full]
         for i in range(count):
             for j in range(count):
                 gram[i, j] += (config.control_weight / len(controls) * float(

@@ -35,7 +35,7 @@ from ..grid import load_task
 from ..sources import add_descriptor
 from .pretrain import pretrain
 from .profiles import PROFILES, Member, Profile
-from .worlds import world_module
+from .worlds import ensure_task, world_module
 
 INDEX = "zoo.json"
 FORMAT = 1
@@ -166,9 +166,8 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
         write_json_atomic(root / "world" / "world.json", index["world"])
     all_tasks = (*profile.tasks, *profile.in_distribution_tasks)
     for name in all_tasks:  # tasks added after the world was written, or splits not committed
-        if not (root / "world" / "tasks" / name / "probes").is_dir():
+        if ensure_task(root / "world", profile.world_kind, profile.world, profile.seed, name):
             echo(f"world: task {name}")
-            world.write_task(root / "world", name, profile.world, profile.seed)
     files = {name: path for name, path in _task_files(root).items() if name in all_tasks}
     bank = Bank(root / "bank")
     for name in all_tasks:

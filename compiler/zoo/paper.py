@@ -26,7 +26,7 @@ import torch
 import targets
 
 from ..bank import Bank
-from ..descriptor import cosine, normalise, task_descriptor
+from ..descriptor import centred, cosine, normalise, task_descriptor
 from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
 from ..evaluate import zero_shot_accuracy
 from ..labelled import labelled_files
@@ -104,20 +104,14 @@ class Zoo:
         self.ridge = 1.0
 
     def test_dir(self, task: str) -> Path:
-        folder = self.root / "world" / "tasks" / task / self.split_name
-        if not folder.is_dir() and self.split_name == "train":
-            self._regenerate_task(task)
-        return folder
-
-    def _regenerate_task(self, task: str) -> None:
-        """Train splits are not committed: the world writes them again, byte for byte (a task's
-        probes and test split come out identical to the committed ones)."""
         from .world import WorldSize
-        from .worlds import world_module
+        from .worlds import ensure_task
 
+        # Train splits are not committed (nor are the audio zoo's clips): written again if missing.
         sizes = {k: v for k, v in self.index["world"].items() if k in WorldSize.__dataclass_fields__}
-        world = world_module(self.index.get("world_kind", "image"))
-        world.write_task(self.root / "world", task, WorldSize(**sizes), self.index["seed"])
+        ensure_task(self.root / "world", self.index.get("world_kind", "image"), WorldSize(**sizes),
+                    self.index["seed"], task)
+        return self.root / "world" / "tasks" / task / self.split_name
 
     def descriptor(self, task: str, member: str, seed: int) -> torch.Tensor:
         return self.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"].double()
@@ -300,18 +294,14 @@ def agreement(zoo: Zoo, seed: int) -> dict:
                 crossed = task_descriptor(moved, grid.inputs, grid.class_rows)
                 pairs_different.append((crossed, zoo.descriptor(other, member, seed)))
     same, different = [cosine(a, b) for a, b in pairs_same], [cosine(a, b) for a, b in pairs_different]
-    centred = {name: [v for v in (cosine(_centre_rows(a), _centre_rows(b)) for a, b in pairs) if v == v]
+    by_row = {name: [v for v in (cosine(centred(a), centred(b)) for a, b in pairs) if v == v]
                for name, pairs in (("same", pairs_same), ("different", pairs_different))}
     return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
             "same_task_spread": _spread(same), "different_task_spread": _spread(different),
-            "same_task_cosine_centred": _mean(centred["same"]),
-            "different_task_cosine_centred": _mean(centred["different"]),
-            "centred_pairs": {"same": len(centred["same"]), "different": len(centred["different"]),
-                              "left_out": len(same) + len(different) - len(centred["same"]) - len(centred["different"])}}
-
-
-def _centre_rows(descriptor: torch.Tensor) -> torch.Tensor:
-    return descriptor - descriptor.mean(dim=1, keepdim=True)
+            "same_task_cosine_centred": _mean(by_row["same"]),
+            "different_task_cosine_centred": _mean(by_row["different"]),
+            "centred_pairs": {"same": len(by_row["same"]), "different": len(by_row["different"]),
+                              "left_out": len(same) + len(different) - len(by_row["same"]) - len(by_row["different"])}}
 
 
 def linearity(zoo: Zoo, seed: int) -> dict:

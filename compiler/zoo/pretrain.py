@@ -12,8 +12,6 @@ false negative.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 from tqdm import tqdm
 
@@ -21,20 +19,11 @@ from targets.base import Batch, batch_len, batch_rows, batch_to
 
 from ..descriptor import normalise
 from ..lora import default_device
+from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
 SIGMOID_BIAS_INIT = -10.0
 MAX_LOGIT_SCALE = 100.0
-
-
-@dataclass(frozen=True)
-class PretrainConfig:
-    steps: int
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup: int = 100
-    seed: int = 0
 
 
 def contrastive_loss(kind: str, inputs: torch.Tensor, texts: torch.Tensor, positives: torch.Tensor,

@@ -11,8 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import audio_world
-from .pretrain import PretrainConfig
 from .world import CONTROL_TASKS, IN_DISTRIBUTION, TASKS, WorldSize
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    steps: int
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup: int = 100
+    seed: int = 0
 
 
 @dataclass(frozen=True)

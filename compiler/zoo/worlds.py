@@ -14,3 +14,16 @@ def world_module(kind: str):
     if kind not in KINDS:
         raise ValueError(f"unknown world kind {kind!r}; expected one of {', '.join(KINDS)}")
     return importlib.import_module(KINDS[kind])
+
+
+SPLITS = ("probes", "train", "test")
+
+
+def ensure_task(world_root, kind: str, size, seed: int, task: str) -> bool:
+    """Write a task's folder again if any split is missing (splits a zoo does not commit come
+    out byte for byte as first written: each task has its own random stream). True if written."""
+    folder = world_root / "tasks" / task
+    if all((folder / split).is_dir() for split in SPLITS) and (folder / "task.yaml").is_file():
+        return False
+    world_module(kind).write_task(world_root, task, size, seed)
+    return True
