@@ -20,6 +20,7 @@ from . import register_hf_family
 from .audio import read_audio
 from .base import Batch, OnnxTower, fold_into_linear_layer
 from .hf import HFDualEncoder
+from .tiny_vocab import byte_bpe, extend_vocab
 
 
 def _audio_embedding(model, batch: Batch) -> torch.Tensor:
@@ -113,8 +114,10 @@ def build_tiny(folder: Path, *, embed_dim: int = 24, patch_width: int = 16, dept
     logging.disable_progress_bar()
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
     vocab.update({symbol: 4 + i for i, symbol in enumerate(bytes_to_unicode().values())})
+    words, merges = byte_bpe(space_prefix="\u0120")  # GPT-2's byte for a space: "Ġ"
+    extend_vocab(vocab, words)
     vocab["<mask>"] = len(vocab)
-    tokenizer = RobertaTokenizer(vocab=vocab, merges=[], model_max_length=64)
+    tokenizer = RobertaTokenizer(vocab=vocab, merges=list(merges), model_max_length=64)
     # Swin doubles the width at every stage after the first: the pooled width follows.
     audio_width = patch_width * 2 ** (len(depths) - 1)
     audio = dict(spec_size=64, num_mel_bins=mel_bins, window_size=4, patch_size=4, patch_stride=(4, 4),

@@ -14,6 +14,7 @@ import torch
 from . import register_hf_family
 from .base import Batch, OnnxTower, fold_into_linear_layer, open_images
 from .hf import HFDualEncoder
+from .tiny_vocab import byte_bpe, extend_vocab
 
 
 def _pooled(output) -> torch.Tensor:
@@ -75,8 +76,9 @@ class HFClip(HFDualEncoder):
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: int = 2, heads: int = 2,
                image_size: int = 32, patch_size: int = 8, seed: int = 0) -> Path:
-    """Save a small random-weight CLIPModel with a real (byte-level BPE) CLIP tokenizer and
-    image processor, built offline from configs: for tests, the demo and the zoo."""
+    """Save a small random-weight CLIPModel with a real (byte-level BPE, merges trained on prompt
+    English: tiny_vocab) CLIP tokenizer and image processor, built offline from configs: for
+    tests, the demo and the zoo."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
     from transformers.utils import logging
@@ -85,8 +87,10 @@ def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: in
 
     symbols = list(bytes_to_unicode().values())
     vocab = {token: i for i, token in enumerate(symbols + [s + "</w>" for s in symbols])}
+    words, merges = byte_bpe(word_suffix="</w>")
+    extend_vocab(vocab, words)
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=[])
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=list(merges))
     eos = vocab["<|endoftext|>"]
     # CLIP pools the EOS position; with eos_token_id == 2 it would fall back to argmax(ids).
     text = dict(vocab_size=len(vocab), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,

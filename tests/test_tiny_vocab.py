@@ -1,0 +1,59 @@
+"""Every zoo member's text tower reads a whole caption of its world: a tokenizer that spells
+words out letter by letter ran past the context and cut the last attributes off (SigLIP's cut
+every digit prompt to the same string), which left those tasks collapsed for the zoo."""
+
+import importlib
+import json
+
+import pytest
+import torch
+
+import targets
+from compiler.zoo.profiles import AUDIO, FULL, WorldSize
+from compiler.zoo.worlds import world_module
+from targets.tiny_vocab import PROMPT_WORDS
+
+CAPTIONS = WorldSize(pretrain=300, probes=1, train=0, test=0)
+CASES = [(profile, member) for profile in (FULL, AUDIO) for member in profile.members]
+
+
+@pytest.fixture(scope="module")
+def longest_captions(tmp_path_factory):
+    """profile name -> its world's longest pretraining caption (of 300 drawn)."""
+    longest = {}
+    for profile in (FULL, AUDIO):
+        root = tmp_path_factory.mktemp(profile.name)
+        world_module(profile.world_kind).write_world(root, CAPTIONS, seed=profile.seed, template_share=0.0)
+        captions = [json.loads(line)["caption"] for line in (root / "pretrain" / "captions.jsonl").read_text().splitlines()]
+        longest[profile.name] = max(captions, key=len)
+    return longest
+
+
+def _built(member, folder):
+    module, _, function = member.builder.partition(":")
+    getattr(importlib.import_module(f"targets.{module}"), function)(folder, seed=0, **member.options)
+    return targets.load(f"{member.scheme}:{folder}")
+
+
+@pytest.mark.parametrize(("profile", "member"), CASES, ids=[f"{p.name}-{m.name}" for p, m in CASES])
+def test_the_last_word_of_the_longest_caption_reaches_the_text_embedding(profile, member, longest_captions, tmp_path):
+    caption = longest_captions[profile.name]
+    assert len(caption.split()) >= 15 and caption.endswith(".")  # several attributes named
+    # Only the very end differs ("... background." against "... backgrounds."): a cut caption
+    # embeds the same either way.
+    encoder = _built(member, tmp_path / member.name)
+    original, changed = encoder.embed_prompts([caption, caption[:-1] + "s."])
+    assert (original - changed).abs().max().item() > 1e-5, f"{member.name} never sees the end of {caption!r}"
+
+
+@pytest.mark.parametrize("builder", ["hf_clip:build_tiny", "hf_clap:build_tiny", "hf_siglip:build_tiny"])
+def test_every_prompt_word_is_one_token(builder, tmp_path):
+    module, _, function = builder.partition(":")
+    getattr(importlib.import_module(f"targets.{module}"), function)(tmp_path, seed=0)
+    tokenizer = targets.load(f"hf:{tmp_path}").tokenizer
+    bare = len(tokenizer("a")["input_ids"])  # "a" is one token, plus the tokenizer's specials
+    lengths = {word: len(tokenizer(f"a {word}")["input_ids"]) - bare for word in PROMPT_WORDS}
+    assert {word: n for word, n in lengths.items() if n != 1} == {}
+    # Any other string still tokenises (byte fallback), just not as one token.
+    assert len(tokenizer("a zyxwvut")["input_ids"]) - bare > 1
+    assert torch.is_tensor(tokenizer(["a zyxwvut"], return_tensors="pt")["input_ids"])
