@@ -4,10 +4,12 @@ fine-tuned checkpoint, a bank, and one complete build that many tests inspect.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +48,28 @@ def tree_digest(root: Path, pattern: str = "*") -> dict[str, str]:
             for p in sorted(Path(root).rglob(pattern)) if p.is_file()}
 
 
-def run_ptc(*args, cwd=None, env=None):
-    """Run the real CLI in a subprocess; returns CompletedProcess with text output."""
-    return subprocess.run([sys.executable, "-m", "compiler.cli", *map(str, args)], cwd=cwd or REPO,
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+def run_ptc(*args, cwd=None, env=None, in_process=True):
+    """Run the real CLI; returns a CompletedProcess (returncode, stdout, stderr as text).
+
+    In this process through click's runner by default: a fresh interpreter spends seconds
+    importing torch, transformers and open_clip before each command, and the suite runs dozens
+    of commands. `in_process=False` (or PTC_TEST_SUBPROCESS=1 for the whole suite) runs it the
+    way a user does, in a subprocess."""
+    argv = [str(arg) for arg in args]
+    if not in_process or os.environ.get("PTC_TEST_SUBPROCESS") == "1":
+        return subprocess.run([sys.executable, "-m", "compiler.cli", *argv], cwd=cwd or REPO,
+                              capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+    from click.testing import CliRunner
+
+    from compiler.cli import main
+
+    with contextlib.chdir(cwd or REPO):
+        result = CliRunner(env=env).invoke(main, argv, prog_name="ptc")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        # Uncaught (--debug re-raises): what the interpreter would print, and its exit code 1.
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["ptc", *argv], result.exit_code, result.stdout, stderr)
 
 
 def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: int) -> dict[str, Path]:

@@ -153,18 +153,21 @@ def test_a_consensus_term_solves_the_weighted_mean_of_its_sources(world, two_sou
 
 
 def test_a_consensus_term_weighs_its_sources_by_agreement_with_the_target_by_default(world, two_sources, tmp_path):
-    # "far" reads the probes in another order than the target: it should weigh less.
+    # "near" read the probes as the target does (its affinities are the target's own); "far"
+    # reads them in another order: it should weigh less. (Two untrained tiny models agree on
+    # nothing, so the fixture's own sources would both sit at the floor.)
     src = two_sources.descriptor("colour", "src")
-    far_affinity = torch.roll(src.tensors["source_affinity"], shifts=7, dims=0)
-    two_sources.put_descriptor("colour", "far", {"utd": -src.tensors["utd"], "source_affinity": far_affinity},
-                               {**src.meta, "id": "far"})
-    terms = [{"task": "colour", "source": ["src", "far"], "weight": 0.5}]
+    _, grid = _target_grid(world, two_sources, "colour")
+    t = affinity(grid.inputs.double(), grid.class_rows.double()).numpy()
+    near_affinity = torch.from_numpy(t).float()
+    for name, source_affinity, sign in (("near", near_affinity, 1), ("far", torch.roll(near_affinity, 7, dims=0), -1)):
+        two_sources.put_descriptor("colour", name, {"utd": sign * src.tensors["utd"], "source_affinity": source_affinity},
+                                   {**src.meta, "id": name})
+    terms = [{"task": "colour", "source": ["near", "far"], "weight": 0.5}]
     recipe = write_recipe(tmp_path / "r.yaml", world, terms, bank=str(two_sources.root), solve={"ridge": RIDGE})
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr
-    _, grid = _target_grid(world, two_sources, "colour")
-    t = affinity(grid.inputs.double(), grid.class_rows.double()).numpy()
-    entries = [two_sources.descriptor("colour", i) for i in ("src", "far")]
+    entries = [two_sources.descriptor("colour", i) for i in ("near", "far")]
     weights = [_agreement_numpy(e.tensors["source_affinity"].double().numpy(), t) for e in entries]
     term = json.loads((tmp_path / "out" / "report.json").read_text())["terms"][0]
     assert term["weighting"] == "agreement" and term["source_weights"] == pytest.approx(weights, rel=1e-9)

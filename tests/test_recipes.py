@@ -45,8 +45,9 @@ def test_a_committed_recipe_builds_verified_on_the_committed_zoo(recipe, zoo_ban
 
 
 def test_the_readme_demo_exports_and_reports_what_it_printed(tmp_path, zoo_bank):
+    # In a fresh interpreter, as the README runs it (most tests call the CLI in-process).
     result = run_ptc("build", REPO / "recipes" / "demo.yaml", "--out", tmp_path / "out", "--bank", zoo_bank,
-                     env=_env(zoo_bank))
+                     env=_env(zoo_bank), in_process=False)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["verify"]["linearity"]["max_rel_diff_fp64"] <= 1e-12
