@@ -14,6 +14,7 @@ after every stage.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import tempfile
@@ -96,7 +97,7 @@ def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict
     paths = [root / "world" / "pretrain" / c[key] for c in captions]
     chunks = [encoder.load_inputs(paths[i:i + LOAD_CHUNK]) for i in range(0, len(paths), LOAD_CHUNK)]
     inputs = {key: torch.cat([chunk[key] for chunk in chunks]) for key in chunks[0]}
-    config = profile.pretrain
+    config = dataclasses.replace(profile.pretrain, **member.pretrain)
     start = time.perf_counter()
     trained, figures = pretrain(encoder, inputs, [c["caption"] for c in captions], config,
                                 desc=f"pretrain {member.name}")
