@@ -94,7 +94,8 @@ def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = Non
 
     - mean: sum_i c_i U_i with c = weights / sum(weights) (uniform by default);
     - normalised: each U_i scaled to unit norm before the weighted mean, the result rescaled
-      to the weighted mean norm, so one source with a large norm does not dominate;
+      to the weighted mean norm, so one source with a large norm does not dominate (a zero
+      U_i adds to the mean norm only);
     - median: the element-wise median (robust to one wild source; unweighted)."""
     stacked = torch.stack([u.double() for u in descriptors])
     if combine == "median":
@@ -107,5 +108,13 @@ def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = Non
         return torch.einsum("i,inm->nm", c, stacked)
     if combine == "normalised":
         norms = stacked.flatten(1).norm(dim=1)
-        return torch.einsum("i,inm->nm", c / norms, stacked) * float(c @ norms)
+        # A zero descriptor (a fine-tune that moved nothing) has no direction: it lowers the
+        # norm, as under `mean`, but takes no share of the direction (1/0 would make it NaN).
+        has_direction = norms > 0
+        if not has_direction.any():
+            return torch.zeros_like(stacked[0])
+        share = torch.where(has_direction, c, 0.0)
+        share = share / share.sum()
+        unit = torch.where(has_direction, share / norms.clamp_min(torch.finfo(norms.dtype).tiny), 0.0)
+        return torch.einsum("i,inm->nm", unit, stacked) * float(c @ norms)
     raise ValueError(f"unknown combine rule {combine!r}; expected one of {COMBINE_RULES}")

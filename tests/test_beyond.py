@@ -46,6 +46,15 @@ def test_consensus_rules_match_their_definitions():
         consensus(us, [1, 1, 1], "median")
 
 
+def test_a_zero_descriptor_lowers_a_normalised_consensus_without_making_it_nan():
+    u = _descriptors(count=1)[0]
+    zero = torch.zeros_like(u)
+    # The zero source adds its norm (0) to the mean norm and no direction: half of u, as `mean` gives.
+    assert torch.allclose(consensus([u, zero], combine="normalised"), u / 2)
+    assert torch.allclose(consensus([u, zero], [3.0, 1.0], "normalised"), 0.75 * u)
+    assert torch.equal(consensus([zero, zero], combine="normalised"), zero)
+
+
 def _agreement_numpy(source, target):
     """Row-centred cosine of two affinity matrices, floored, written out in numpy."""
     a, b = source - source.mean(1, keepdims=True), target - target.mean(1, keepdims=True)
