@@ -204,9 +204,14 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
                                                   "cross_model_gain": cross, "oracle_gain": oracle}
     cells = [cell("a-1", "b", 4.0, 8.0), cell("a-1", "b", 2.0, 4.0), cell("a-1", "c", 3.0, 6.0),
              cell("b", "a-1", -6.0, 6.0), cell("b", "c", 0.0, 6.0), cell("c", "a-1", 3.0, 6.0)]
-    assert report.pair_gains(cells)[("a-1", "b")] == (3.0, 6.0)  # means over the pair's two cells
-    line = report._worst_source(cells)
+    pairs = {(r["source"], r["target"]): r for r in paper.per_pair(cells)}
+    assert (pairs["a-1", "b"]["cross_model_gain"], pairs["a-1", "b"]["oracle_gain"]) == (3.0, 6.0)
+    assert pairs["a-1", "b"]["retention"] == pytest.approx(0.5) and pairs["a-1", "b"]["cells"] == 2
+    worst = paper.worst_source(cells)
     # b as a source: -6 / 12 = -0.5; without it: (4 + 2 + 3 + 3) / (8 + 4 + 6 + 6) = 0.5.
+    assert worst["member"] == "b" and worst["retention"] == pytest.approx(-0.5)
+    assert worst["others_retention"] == pytest.approx(0.5)
+    line = report._worst_source({"worst_source": worst})
     assert line.startswith("diagnosis: b's descriptors transfer worst (retention -0.500 as a source); "
                            "the other members' retain 0.500 without it")
-    assert report._worst_source(cells[:3]) is None  # one source member: nothing to single out
+    assert paper.worst_source(cells[:3]) is None  # one source member: nothing to single out

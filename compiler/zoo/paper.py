@@ -224,6 +224,32 @@ def per_task(cells: list[dict], zoo: Zoo) -> dict:
     return rows
 
 
+def per_pair(cells: list[dict]) -> list[dict]:
+    """One row per (source member, target), pooled over tasks and seeds: where transfer works
+    and where it does not."""
+    pairs = sorted({(c["source"], c["target"]) for c in cells})
+    rows = []
+    for source, target in pairs:
+        mine = [c for c in cells if (c["source"], c["target"]) == (source, target)]
+        rows.append({"source": source, "target": target, "cells": len(mine), "retention": retention(mine),
+                     "cross_model_gain": _mean(c["cross_model_gain"] for c in mine),
+                     "oracle_gain": _mean(c["oracle_gain"] for c in mine)})
+    return rows
+
+
+def worst_source(cells: list[dict]) -> dict | None:
+    """The member whose descriptors transfer worst (pooled retention as a source) and the
+    retention the other sources give without it; None with fewer than 3 source members."""
+    members = sorted({c["source"] for c in cells})
+    if len(members) < 3:
+        return None
+    as_source = {m: retention([c for c in cells if c["source"] == m]) for m in members}
+    worst = min(members, key=lambda m: as_source[m])
+    return {"member": worst, "retention": as_source[worst],
+            "others_retention": retention([c for c in cells if c["source"] != worst]),
+            "retention_by_source": as_source}
+
+
 def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
     """Table 1's two-task addition: tasks A and B from two other members (one each where the
     zoo has them) onto a target at alpha each, scored on A, B and the control."""
@@ -401,6 +427,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False)
                      "weight_space_control_delta": _mean(c["control_delta"] for c in weight_space),
                      "finetuned_gain": _finetuned_gain(zoo),
                      "cells": len(all_cells), "per_task": per_task(all_cells, zoo),
+                     "per_pair": per_pair(all_cells), "worst_source": worst_source(all_cells),
                      "composition": {"gain_a": _mean(c["gain_a"] for c in composed),
                                      "gain_b": _mean(c["gain_b"] for c in composed),
                                      "control_delta": _mean(c["control_delta"] for c in composed),

@@ -70,8 +70,9 @@ def markdown(results: dict) -> str:
               "",
               "| source | target | cross-model gain | Oracle gain | retention |",
               "| --- | --- | --- | --- | --- |"]
-    for (source, target), (cross, oracle) in sorted(pair_gains(results["cells"]).items()):
-        lines.append(f"| {source} | {target} | {_f(cross)} | {_f(oracle)} | {_f(cross / oracle, 3)} |")
+    for row in add["per_pair"]:
+        lines.append(f"| {row['source']} | {row['target']} | {_f(row['cross_model_gain'])} | "
+                     f"{_f(row['oracle_gain'])} | {_f(row['retention'], 3)} |")
     lines += ["",
               "## Negation (Table 16, Figure 2): cross-model descriptors at weight -lambda",
               "",
@@ -194,30 +195,13 @@ def beyond_markdown(results: dict) -> list[str]:
     return lines
 
 
-def pair_gains(cells: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
-    """(source member, target) -> mean cross-model and mean Oracle gain over its cells."""
-    sums: dict[tuple[str, str], list[float]] = {}
-    for cell in cells:
-        entry = sums.setdefault((cell["source"], cell["target"]), [0.0, 0.0, 0])
-        entry[0] += cell["cross_model_gain"]
-        entry[1] += cell["oracle_gain"]
-        entry[2] += 1
-    return {pair: (cross / n, oracle / n) for pair, (cross, oracle, n) in sums.items()}
-
-
-def _worst_source(cells: list[dict]) -> str | None:
-    """A diagnosis line for the member whose descriptors transfer worst, with the pooled
-    retention the other sources give without it."""
-    members = sorted({c["source"] for c in cells})
-    if len(members) < 3:
+def _worst_source(add: dict) -> str | None:
+    worst = add.get("worst_source")
+    if not worst:
         return None
-    retention = lambda rows: sum(c["cross_model_gain"] for c in rows) / sum(c["oracle_gain"] for c in rows)  # noqa: E731
-    by_source = {m: [c for c in cells if c["source"] == m] for m in members}
-    worst = min(members, key=lambda m: retention(by_source[m]))
-    others = [c for c in cells if c["source"] != worst]
-    return (f"diagnosis: {worst}'s descriptors transfer worst (retention {retention(by_source[worst]):.3f} as a "
-            f"source); the other members' retain {retention(others):.3f} without it (per pair: the report's "
-            "source and target table)")
+    return (f"diagnosis: {worst['member']}'s descriptors transfer worst (retention {worst['retention']:.3f} as a "
+            f"source); the other members' retain {worst['others_retention']:.3f} without it (per pair: the "
+            "report's source and target table)")
 
 
 def findings(results: dict) -> list[str]:
@@ -276,7 +260,7 @@ def findings(results: dict) -> list[str]:
         lines.append(f"diagnosis: class prompts collapsed (mean cosine > 0.9) on {', '.join(collapsed)}; no "
                      "input-side edit can separate those classes. Retention over the cells whose target tells "
                      f"its task's classes apart: {add['retention_distinct_prompts']:.3f}")
-    worst = _worst_source(results["cells"])
+    worst = _worst_source(add)
     if worst:
         lines.append(worst)
     if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
