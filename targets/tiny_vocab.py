@@ -11,7 +11,6 @@ becomes one token, and any other string still tokenises byte by byte.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 # Prompt English: what captions and zero-shot prompts of natural and generated worlds say
@@ -31,24 +30,52 @@ rising falling steady noise middle high very low
 
 @lru_cache(maxsize=None)
 def byte_bpe(word_suffix: str = "", space_prefix: str = "") -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """(tokens beyond the byte alphabet, merges) of a byte-level BPE trained on PROMPT_WORDS.
+    """(tokens, merges) of a byte-level BPE trained on PROMPT_WORDS until every word is one token.
 
     CLIP marks a word's end (`word_suffix="</w>"`); GPT-2 / RoBERTa mark a preceding space
-    (`space_prefix="Ġ"`), so each word is learned both with and without its space. The
-    trainer is the `tokenizers` library's own (it comes with transformers)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    (`space_prefix="Ġ"`), so each word is learned both with and without its space. Tokens are
+    the initial symbols, then each merge's result, in the order made. Written out rather than
+    taken from the `tokenizers` trainer: that one numbers end-of-word symbols in hash-map order,
+    so its merges (and every model built on them) changed from one process to the next. Ties
+    are broken as that trainer does when its numbering is stable: the pair of lowest ids."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    words = [w for word in PROMPT_WORDS for w in ((word, " " + word) if space_prefix else (word,))]
-    suffix = {"end_of_word_suffix": word_suffix} if word_suffix else {}
-    tokenizer = Tokenizer(models.BPE(**suffix))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=100_000, min_frequency=1, show_progress=False, special_tokens=[],
-                                  initial_alphabet=list(bytes_to_unicode().values()), **suffix)
-    tokenizer.train_from_iterator(words, trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = tuple(tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"])
-    return tuple(token for _, token in sorted((i, t) for t, i in model["vocab"].items())), merges
+    alphabet = list(bytes_to_unicode().values())
+    words = []
+    for word in PROMPT_WORDS:
+        encoded = "".join(bytes_to_unicode()[b] for b in word.encode())
+        words.append(list(encoded[:-1]) + [encoded[-1] + word_suffix])
+        if space_prefix:
+            words.append([space_prefix, *encoded[:-1], encoded[-1] + word_suffix])
+    ids = {symbol: i for i, symbol in enumerate(sorted(set(alphabet) | {s for w in words for s in w}))}
+    initial = list(ids)
+    merges = []
+    while True:
+        counts: dict[tuple[str, str], int] = {}
+        for word in words:
+            for pair in zip(word, word[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = min(counts, key=lambda pair: (-counts[pair], ids[pair[0]], ids[pair[1]]))
+        merged = best[0] + best[1]
+        ids.setdefault(merged, len(ids))
+        merges.append(best)
+        words = [_merge(word, best, merged) for word in words]
+    return tuple(initial) + tuple(t for t in ids if t not in set(initial)), tuple(merges)
+
+
+def _merge(word: list[str], pair: tuple[str, str], merged: str) -> list[str]:
+    """`word` with every occurrence of `pair` replaced by `merged`, left to right."""
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
 
 
 def extend_vocab(vocab: dict[str, int], tokens: tuple[str, ...]) -> dict[str, int]:

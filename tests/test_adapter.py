@@ -23,11 +23,11 @@ def test_adapter_route_fits_the_descriptors_better_than_the_closed_form(world, b
     closed = json.loads((built[0] / "report.json").read_text())
     assert report["route"] == "adapter" and report["verify"]["linearity"] is None
     residuals, closed_residuals = report["verify"]["descriptor_residual"], closed["verify"]["descriptor_residual"]
-    # Colour is within reach of a vision-side edit of these untrained models: well below no edit
-    # (1.0) and below the closed form. Shape's prompts are nearly one string to them (both routes
-    # leave about 0.95 of its descriptor), so it only counts in the total.
-    assert residuals["colour"] < 0.8 and residuals["colour"] < closed_residuals["colour"], residuals
-    assert sum(residuals.values()) < sum(closed_residuals.values()), (residuals, closed_residuals)
+    # On these untrained models the closed form leaves about all of each descriptor (residual
+    # near 1.0, what no edit leaves); the adapter, trained on the same targets, fits every task
+    # better and each by a clear margin.
+    for task, residual in residuals.items():
+        assert residual < 0.9 and residual < closed_residuals[task], (task, residuals, closed_residuals)
     for figure in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff"):
         assert report["verify"]["equivalence"][figure] <= 1e-5
     # 16 probes per grid in batches of 16: one step per epoch, 20 epochs, under the 60-step cap.

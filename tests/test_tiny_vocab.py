@@ -3,6 +3,9 @@ words out letter by letter ran past the context and cut the last attributes off 
 every digit prompt to the same string), which left those tasks collapsed for the zoo."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -10,7 +13,7 @@ import targets
 from compiler.zoo.build import _builder
 from compiler.zoo.profiles import AUDIO, FULL, Member, WorldSize
 from compiler.zoo.worlds import world_module
-from targets.tiny_vocab import PROMPT_WORDS
+from targets.tiny_vocab import PROMPT_WORDS, byte_bpe
 
 CAPTIONS = WorldSize(pretrain=300, probes=1, train=0, test=0)
 CASES = [(profile, member) for profile in (FULL, AUDIO) for member in profile.members]
@@ -53,3 +56,35 @@ def test_every_prompt_word_is_one_token(builder, tmp_path):
     assert {word: n for word, n in lengths.items() if n != 1} == {}
     # Any other string still tokenises (byte fallback), just not as one token.
     assert len(tokenizer("a zyxwvut")["input_ids"]) - bare > 1
+
+
+def _library_bpe(space_prefix):
+    """The `tokenizers` library's own BPE trainer on the same words (an independent computation)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    trainer = trainers.BpeTrainer(vocab_size=100_000, min_frequency=1, show_progress=False, special_tokens=[],
+                                  initial_alphabet=list(bytes_to_unicode().values()))
+    tokenizer.train_from_iterator([w for word in PROMPT_WORDS for w in (word, space_prefix + word)], trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    return ([t for _, t in sorted((i, t) for t, i in model["vocab"].items())],
+            [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]])
+
+
+def test_the_bpe_trainer_matches_the_tokenizers_library_where_that_one_is_stable():
+    # Space-prefixed words (RoBERTa's, CLAP's) use only the byte alphabet, which the library
+    # numbers in a fixed order; there its merges and ours must be the same, in the same order.
+    tokens, merges = byte_bpe(space_prefix="\u0120")
+    library_tokens, library_merges = _library_bpe(" ")
+    assert list(merges) == library_merges and list(tokens) == library_tokens
+
+
+def test_the_bpe_trainer_gives_the_same_merges_in_every_process():
+    # The library numbered CLIP's end-of-word symbols in hash-map order, which differs per process.
+    script = ("import hashlib; from targets.tiny_vocab import byte_bpe; "
+              "print(hashlib.sha256(repr(byte_bpe(word_suffix='</w>')).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(digests) == 1 and len(digests.pop()) == 65
