@@ -23,8 +23,8 @@ shape shapes square squares circle circles triangle triangles cross crosses ring
 diamond diamonds star stripe dot line dog cat bird car plane ship truck horse deer frog
 handwritten digit number count one two three four corner top bottom left right
 background pattern plain striped dotted checkered gradient
-tone note pitched pitch wave sine sawtooth pulse pulsing beeps tempo slow medium fast
-rising falling steady noise middle high very low
+tone note notes pitched pitch wave sine sawtooth pulse pulsing beeps tempo slow medium fast
+rising falling steady short long noise middle high very low
 """.split()))
 
 

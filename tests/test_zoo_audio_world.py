@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from compiler.zoo.audio_world import (GLIDES, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
+from compiler.zoo.audio_world import (LENGTHS, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
                                       write_world)
 from compiler.zoo.world import WorldSize
 from conftest import tree_digest
@@ -31,7 +31,7 @@ def test_the_audio_world_is_a_function_of_its_seed(tmp_path):
 
 
 def _clip(**values):
-    base = {"pitch": "middle", "waveform": "sine", "tempo": "medium", "glide": "steady", "noise": "white"}
+    base = {"pitch": "middle", "waveform": "sine", "tempo": "medium", "length": "long", "noise": "white"}
     return Clip(**{**base, **values})
 
 
@@ -50,19 +50,19 @@ def test_pitch_is_the_dominant_frequency(shifted):
     assert found == sorted(found)
 
 
-def test_tempo_is_the_pulse_rate_and_glide_the_direction():
+def _onsets_and_share(samples):
+    """Note onsets and the share of the clip a note sounds, from the smoothed amplitude."""
+    loud = np.convolve(np.abs(samples), np.ones(80) / 80, "same") > 0.2
+    return np.count_nonzero(loud[1:] & ~loud[:-1]) + int(loud[0]), loud.mean()
+
+
+def test_tempo_is_the_pulse_rate_and_length_the_share_of_a_beat_a_note_sounds():
     rng = random.Random(2)
     for tempo, rate_hz in TEMPOS.items():
-        samples, rate = render(_clip(tempo=tempo, noise="brown"), rng, False)
-        loud = np.convolve(np.abs(samples), np.ones(80) / 80, "same") > 0.2
-        onsets = np.count_nonzero(loud[1:] & ~loud[:-1]) + int(loud[0])
-        assert abs(onsets - rate_hz) <= 1.5, (tempo, onsets)
-    halves = {}
-    for glide in GLIDES:
-        samples, rate = render(_clip(glide=glide, tempo="fast"), random.Random(5), False)
-        quarter = len(samples) // 4
-        halves[glide] = _dominant(samples[-quarter:], rate) / _dominant(samples[:quarter], rate)
-    assert halves["rising"] > 1.5 and halves["falling"] < 0.67 and 0.8 < halves["steady"] < 1.25
+        for length, share in LENGTHS.items():
+            onsets, sounding = _onsets_and_share(render(_clip(tempo=tempo, length=length, noise="brown"), rng, False)[0])
+            assert abs(onsets - rate_hz) <= 1.5, (tempo, length, onsets)
+            assert sounding == pytest.approx(share, abs=0.1), (tempo, length, sounding)
 
 
 def test_noise_colours_differ_in_spectral_slope():
