@@ -107,7 +107,7 @@ def main() -> None:
                for rule in ("mean", "normalised", "median")})
     for kind, table in source_weighting(zoo).items():
         print(f"consensus weights, all other members, normalised rule ({kind}), retention over seeds:", table)
-    for weight in (0.25, 0.5, 1.0, 2.0):
+    for weight in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
         nets = {}
         for kind in ("difference", "relative"):
             rows = beyond.strength_rows(zoo, 0, kind, Strength(mode="auto", control_weight=weight))
