@@ -40,15 +40,15 @@ def byte_bpe(word_suffix: str = "", space_prefix: str = "") -> tuple[tuple[str, 
     are broken as that trainer does when its numbering is stable: the pair of lowest ids."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    alphabet = list(bytes_to_unicode().values())
+    byte_symbol = bytes_to_unicode()
     words = []
     for word in PROMPT_WORDS:
-        encoded = "".join(bytes_to_unicode()[b] for b in word.encode())
+        encoded = "".join(byte_symbol[b] for b in word.encode())
         words.append(list(encoded[:-1]) + [encoded[-1] + word_suffix])
         if space_prefix:
             words.append([space_prefix, *encoded[:-1], encoded[-1] + word_suffix])
-    ids = {symbol: i for i, symbol in enumerate(sorted(set(alphabet) | {s for w in words for s in w}))}
-    initial = list(ids)
+    # Token ids: the initial symbols in code-point order, then each merge's result as made.
+    ids = {symbol: i for i, symbol in enumerate(sorted(set(byte_symbol.values()) | {s for w in words for s in w}))}
     merges = []
     while True:
         counts: dict[tuple[str, str], int] = {}
@@ -62,7 +62,7 @@ def byte_bpe(word_suffix: str = "", space_prefix: str = "") -> tuple[tuple[str, 
         ids.setdefault(merged, len(ids))
         merges.append(best)
         words = [_merge(word, best, merged) for word in words]
-    return tuple(initial) + tuple(t for t in ids if t not in set(initial)), tuple(merges)
+    return tuple(ids), tuple(merges)
 
 
 def _merge(word: list[str], pair: tuple[str, str], merged: str) -> list[str]:

@@ -126,11 +126,12 @@ def test_paper_results_carry_the_issue_keys(results):
     assert results["linearity"]["max_rel_diff_fp64"] <= 1e-12
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
     assert {"same_task_cosine_centred", "different_task_cosine_centred"} <= set(results["agreement"])
-    # With two members the consensus of "all other members" is the one other source. (Both are
-    # NaN where the tiny zoo's pooled Oracle gain is not positive: a ratio with nothing to retain.)
+    # With two members the consensus of "all other members" is the one other source: the same
+    # gains. (Compared as gains: a tiny zoo's retention is NaN where its Oracle gains nothing.)
     beyond = results["beyond"]
-    assert beyond["consensus"]["retention"] == pytest.approx(beyond["single_source"]["retention"], abs=1e-12,
-                                                             nan_ok=True)
+    for seed in beyond["per_seed"]:
+        for kind in ("difference", "relative"):
+            assert seed[kind]["consensus_gain"] == pytest.approx(seed[kind]["single_gain"], abs=1e-9)
     assert isinstance(results["certify"]["certified_changed"], int) and results["certify"]["certified_changed"] == 0
     assert set(beyond["auto_strength"]) == {str(j) for j in range(1, len(TINY.source_tasks) + 1)}
     for row in beyond["auto_strength"].values():

@@ -113,8 +113,8 @@ AUDIO = Profile(
         Member("clap-d", "hf", "hf_clap:build_tiny", {"embed_dim": 40, "patch_width": 16, "depths": (1, 1, 1),
                                                        "text_width": 32}),
     ),
-    # At 1,500 steps the loss was still falling (2.7 on zoo:clap-s, 2.0 at 6,000) and tempo's
-    # class prompts collapsed (mean cosine 0.999; 0.88 at 6,000).
+    # At 1,500 steps the loss was still falling (zoo:clap-s: 2.7 then, 2.1 at 6,000, its
+    # `pretrain.final_loss` in zoo/audio/zoo.json). Tempo's prompts collapse at either length.
     pretrain=PretrainConfig(steps=6000, batch_size=64, lr=1e-3),
     tasks=tuple(audio_world.TASKS), control_tasks=audio_world.CONTROL_TASKS,
     template_share=0.3,
