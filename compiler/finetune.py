@@ -15,7 +15,7 @@ from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .fsio import staged_directory
 from .labelled import labelled_files
-from .lora import attach_lora, default_device, train
+from .lora import attach_lora, default_device, device_name, train
 
 LOGIT_SCALE = 30.0
 
@@ -23,7 +23,11 @@ LOGIT_SCALE = 30.0
 def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
                   alpha: float = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
                   seed: int = 0, progress: bool = True, replace: bool = False,
-                  device: torch.device | None = None, echo: Callable[[str], None] | None = None) -> dict:
+                  device: torch.device | None = None, echo: Callable[[str], None] | None = None,
+                  base_ref: str | None = None) -> dict:
+    """Train a LoRA on the task's labelled files and save it as a peft adapter in `out_dir`.
+    The adapter's config names `base_ref` (default: the encoder's reference) as its base model,
+    not whatever folder the library happened to load it from."""
     device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
     inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)
@@ -41,7 +45,22 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
     if echo:  # progress bars are off when output is not a terminal: say that training has begun
         echo(f"training: {steps} steps on {len(labels)} examples of {task.name}")
     figures = train(module, steps, step_loss, lr, f"finetune {task.name}", progress)
+    base_ref = base_ref or encoder.ref
+    for config in module.peft_config.values():  # peft would record the folder it was loaded from
+        config.base_model_name_or_path = base_ref
     with staged_directory(Path(out_dir), replace=replace) as staging:
-        module.save_pretrained(staging)
+        # No embedding layer is trained; "auto" would look base_ref up on the Hub to decide.
+        module.save_pretrained(staging, save_embedding_layers=False)
+        (staging / "README.md").write_text(_model_card(base_ref, task.name, rank, steps, seed, len(labels)))
     return {"steps": steps, "final_loss": figures.get("loss", float("nan")),
-            "final_batch_accuracy": figures.get("acc", float("nan")), "examples": len(labels)}
+            "final_batch_accuracy": figures.get("acc", float("nan")), "examples": len(labels),
+            "device": device_name(device)}
+
+
+def _model_card(base_ref: str, task: str, rank: int, steps: int, seed: int, examples: int) -> str:
+    """In place of peft's blank template, which names the loading folder as the base model."""
+    return (f"---\nbase_model: {base_ref}\nlibrary_name: peft\ntags:\n- lora\n- ptc\n---\n\n"
+            f"# A `{task}` source for {base_ref}\n\n"
+            f"`ptc finetune`: a rank-{rank} LoRA on the input tower's attention q and v projections, "
+            f"{steps} steps (seed {seed}) on {examples} labelled examples of `{task}`, trained with "
+            f"cross-entropy against the frozen text tower's class prompts.\n")

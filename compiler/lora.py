@@ -14,6 +14,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def device_name(device: torch.device) -> str:
+    """What a record says it was trained on: 'cpu', or 'cuda: <the GPU's name>'."""
+    device = torch.device(device)
+    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+
+
 def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device):
     """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable."""
     from peft import LoraConfig, get_peft_model

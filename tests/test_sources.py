@@ -52,6 +52,8 @@ def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path)
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
     assert config["r"] == 4 and "vision_model" in config["target_modules"]
+    assert config["base_model_name_or_path"] == f"hf:{world.source}"  # the reference it was trained from
+    assert f"base_model: hf:{world.source}\n" in (tmp_path / "lora" / "README.md").read_text()
     result = run_ptc("descriptor", "add", "--task", "shape", "--source", f"hf:{world.source}",
                      "--finetuned", tmp_path / "lora", "--id", "cli", "--bank", bank_copy)
     assert result.returncode == 0, result.stderr

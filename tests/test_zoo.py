@@ -47,6 +47,13 @@ def test_the_index_records_every_member_source_and_quality_figure(zoo):
         for task in TINY.source_tasks:
             assert {f"{name}-s{s}" for s in TINY.seeds} <= set(bank.descriptor_ids(task))
         assert not any(key.startswith(f"{c}-") for c in TINY.control_tasks for key in record["sources"])
+        expected_device = f"cuda: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "cpu"
+        assert record["pretrain"]["device"] == expected_device
+        for entry in record["sources"].values():
+            assert entry["finetune"]["device"] == expected_device
+            # the adapter names the member as the zoo does (root-relative), not the folder it was built in
+            config = json.loads((zoo / entry["adapter"] / "adapter_config.json").read_text())
+            assert config["base_model_name_or_path"] == record["ref"] and not record["ref"].split(":", 1)[1].startswith("/")
 
 
 def test_zoo_names_load_the_members_native_checkpoints(zoo, monkeypatch):

@@ -104,7 +104,7 @@ def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict
     figures["seconds"] = round(time.perf_counter() - start, 1)
     with staged_directory(root / "models" / member.name, replace=False) as staging:
         scheme = trained.save_native(staging)
-    echo(f"  {member.name}: pretrained {config.steps} steps in {figures['seconds']:.0f}s, "
+    echo(f"  {member.name}: pretrained {config.steps} steps in {figures['seconds']:.0f}s on {figures['device']}, "
          f"final loss {figures['final_loss']:.3f}")
     return {"ref": f"{scheme}:models/{member.name}", "builder": member.builder, "options": member.options,
             "pretrain": figures}
@@ -130,7 +130,8 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
             if not (adapter / "adapter_config.json").is_file():
                 stats = finetune_lora(encoder, task, files[task_name].parent / "train", adapter,
                                       rank=profile.finetune_rank, alpha=2 * profile.finetune_rank,
-                                      steps=profile.finetune_steps, seed=seed, progress=True)
+                                      steps=profile.finetune_steps, seed=seed, progress=True,
+                                      base_ref=record["ref"])  # root-relative: stays true when the zoo moves
                 entry["finetune"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
             if not _descriptor_current(bank, task_name, descriptor_id):
                 add_descriptor(bank, task_name, record["ref"], str(adapter.relative_to(root)), descriptor_id,

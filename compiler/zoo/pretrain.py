@@ -18,7 +18,7 @@ from tqdm import tqdm
 from targets.base import Batch, batch_len, batch_rows, batch_to
 
 from ..descriptor import normalise
-from ..lora import default_device
+from ..lora import default_device, device_name
 from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
@@ -83,7 +83,7 @@ def pretrain(encoder, inputs: Batch, captions: list[str], config: PretrainConfig
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     tail = losses[-50:]
     figures = {"steps": config.steps, "loss": kind, "final_loss": sum(tail) / len(tail),
-               "logit_scale": float(log_scale.detach().exp()), "pairs": len(captions)}
+               "logit_scale": float(log_scale.detach().exp()), "pairs": len(captions), "device": device_name(device)}
     return encoder.with_module(module.cpu().eval()), figures
 
 
