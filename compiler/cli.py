@@ -340,6 +340,21 @@ def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None
     click.echo(f"zoo ({profile}) at {root}: {len(index['members'])} members")
 
 
+@zoo.command("merge")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--member", "members", multiple=True, required=True, help="A member to take from SOURCE (repeatable).")
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="The zoo to merge into (default: $PTC_ZOO, else zoo/ in the repository).")
+@handled
+def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None:
+    """Take members built in another copy of this zoo (model, sources, descriptors, record)."""
+    from .zoo.merge import merge_members
+
+    root = _zoo_dir(root)
+    for name in merge_members(root, source, members):
+        click.echo(f"zoo:{name} <- {source}")
+
+
 @zoo.command("show")
 @click.option("--root", type=click.Path(path_type=Path), default=None)
 @handled

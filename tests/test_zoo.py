@@ -86,9 +86,52 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
     (copy / "zoo.json").write_text(json.dumps(index))
     build_zoo(copy, TINY, echo=lines.append)
     assert len(lines) == 1 and lines[0].strip().startswith(f"{member} {key}: fine-tuned")
-    # Deterministic: the same weights again (adapter_config.json names the base model's folder).
-    assert tree_digest(copy / "sources", "*.safetensors") == tree_digest(zoo / "sources", "*.safetensors")
+    # Deterministic, and the adapter names its base by the zoo's reference, not the build folder:
+    # the source redone in another folder is the same bytes, config and model card included.
+    assert tree_digest(copy / "sources") == tree_digest(zoo / "sources")
     assert tree_digest(copy / "bank" / "descriptors") == tree_digest(zoo / "bank" / "descriptors")
+
+
+def _without_member(root, name: str) -> None:
+    shutil.rmtree(root / "models" / name)
+    shutil.rmtree(root / "sources" / name)
+    for path in (root / "bank").glob(f"descriptors/*/{name}-s*.safetensors"):
+        path.unlink()
+    index = read_index(root)
+    del index["members"][name]
+    (root / "zoo.json").write_text(json.dumps(index))
+
+
+def test_a_member_built_in_another_copy_of_the_zoo_merges_in_whole(zoo, tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    shutil.copytree(zoo, source)
+    shutil.copytree(zoo, target)
+    _without_member(target, "vit")
+    stale = target / "bank" / "descriptors" / TINY.source_tasks[0] / "vit-s9.safetensors"
+    stale.write_bytes(b"a seed the source zoo does not have")
+    result = run_ptc("zoo", "merge", source, "--member", "vit", "--root", target)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"zoo:vit <- {source}\n"
+    assert tree_digest(target) == tree_digest(source)  # the index is written the way the build writes it
+
+
+def test_merging_from_another_world_or_an_unbuilt_member_changes_nothing(zoo, tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    shutil.copytree(zoo, source)
+    shutil.copytree(zoo, target)
+    _without_member(source, "vit")
+    before = tree_digest(target)
+    result = run_ptc("zoo", "merge", source, "--member", "vit", "--root", target)
+    assert result.returncode == 2
+    assert result.stderr == f"ptc: error: {source}: member 'vit' is not built there (hint: built members: clip)\n"
+    index = read_index(source)
+    index["seed"] = 7
+    (source / "zoo.json").write_text(json.dumps(index))
+    result = run_ptc("zoo", "merge", source, "--member", "clip", "--root", target)
+    assert result.returncode == 2
+    assert result.stderr == (f"ptc: error: {source / 'zoo.json'}: seed is 7, this zoo's is 0 "
+                             "(hint: merge only from a copy of this zoo built with the same profile)\n")
+    assert tree_digest(target) == before
 
 
 def test_a_zoo_built_with_another_profile_is_refused(zoo):
