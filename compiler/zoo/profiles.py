@@ -71,14 +71,17 @@ FULL = Profile(
     members=(
         # Pretraining length is the lever found so far: at 2,500 steps clip's quadrant, shape and
         # size prompts collapsed (0.93-0.99), at 4,000 shape and size still did (0.91, 0.92) and
-        # cross-model retention was 0.05; at these lengths no prompt collapses and it is 0.35.
+        # cross-model retention was 0.05; with clip at 6,000 and siglip and resnet at 5,000 no
+        # prompt collapsed and it was 0.35. Then vit (the last member at 2,500) went to 6,000 and
+        # resnet (the weakest source, the narrowest tower) to width 20, both chosen before
+        # scoring and kept whatever the score.
         Member("clip", "hf", "hf_clip:build_tiny", {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4},
                pretrain={"steps": 6000}),
         Member("siglip", "hf", "hf_siglip:build_tiny", {"width": 80, "layers": 4, "heads": 4, "patch_size": 4},
                pretrain={"steps": 5000}),
         Member("vit", "open_clip:local-dir", "openclip:build_tiny",
-               {"width": 64, "embed_dim": 48, "layers": 4, "heads": 4, "patch_size": 4}),
-        Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet", {"width": 16, "embed_dim": 56, "image_size": 64},
+               {"width": 64, "embed_dim": 48, "layers": 4, "heads": 4, "patch_size": 4}, pretrain={"steps": 6000}),
+        Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet", {"width": 20, "embed_dim": 56, "image_size": 64},
                pretrain={"steps": 5000}),
     ),
     pretrain=PretrainConfig(steps=2500, batch_size=128, lr=1e-3),
