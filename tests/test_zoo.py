@@ -109,9 +109,13 @@ def test_a_member_built_in_another_copy_of_the_zoo_merges_in_whole(zoo, tmp_path
     _without_member(target, "vit")
     stale = target / "bank" / "descriptors" / TINY.source_tasks[0] / "vit-s9.safetensors"
     stale.write_bytes(b"a seed the source zoo does not have")
+    neighbour = target / "bank" / "descriptors" / TINY.source_tasks[0] / "vit-small-s0.safetensors"
+    neighbour.write_bytes(b"another member's, whose name starts like vit's")
     result = run_ptc("zoo", "merge", source, "--member", "vit", "--root", target)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"zoo:vit <- {source}\n"
+    assert neighbour.is_file() and not stale.exists()
+    neighbour.unlink()
     assert tree_digest(target) == tree_digest(source)  # the index is written the way the build writes it
 
 

@@ -10,6 +10,7 @@ half old and half new.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -37,8 +38,11 @@ def _checked_indexes(root: Path, source: Path, members: tuple[str, ...]) -> tupl
 
 
 def _descriptors(bank: Path, name: str) -> dict[str, Path]:
-    """A member's descriptor files in a bank, by path relative to the bank."""
-    return {p.relative_to(bank).as_posix(): p for p in sorted(bank.glob(f"descriptors/*/{name}-s*.safetensors"))}
+    """A member's descriptor files (NAME-sSEED) in a bank, by path relative to the bank; not
+    those of another member whose name starts the same way (NAME-small-s0)."""
+    own = re.compile(rf"{re.escape(name)}-s\d+")
+    return {p.relative_to(bank).as_posix(): p for p in sorted(bank.glob(f"descriptors/*/{name}-s*.safetensors"))
+            if own.fullmatch(p.stem)}
 
 
 def merge_members(root: Path, source: Path, members: tuple[str, ...]) -> list[str]:
