@@ -74,7 +74,9 @@ FULL = Profile(
         # cross-model retention was 0.05; with clip at 6,000 and siglip and resnet at 5,000 no
         # prompt collapsed and it was 0.35. Then vit (the last member at 2,500) went to 6,000 and
         # resnet (the weakest source, the narrowest tower) to width 20, both chosen before
-        # scoring and kept whatever the score.
+        # scoring and kept whatever the score: 0.46. siglip at 8,000 steps was tried next and NOT
+        # kept (a choice made after scoring, said so in the README): retention 0.42, same-task
+        # agreement fell below different-task, and the README demo turned destructive.
         Member("clip", "hf", "hf_clip:build_tiny", {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4},
                pretrain={"steps": 6000}),
         Member("siglip", "hf", "hf_siglip:build_tiny", {"width": 80, "layers": 4, "heads": 4, "patch_size": 4},
