@@ -360,13 +360,9 @@ def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None
 @handled
 def zoo_show(root: Path | None) -> None:
     """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
-    from .zoo.build import quality_rows, read_index
+    from .zoo.build import built_index, quality_rows
 
-    root = _zoo_dir(root)
-    index = read_index(root)
-    if not index:
-        raise PtcError(f"no zoo at {root} (looked for {root / 'zoo.json'})", "build one with `ptc zoo build`")
-    for row in quality_rows(index):
+    for row in quality_rows(built_index(_zoo_dir(root))):
         click.echo(row)
 
 

@@ -136,6 +136,12 @@ def test_merging_from_another_world_or_an_unbuilt_member_changes_nothing(zoo, tm
     assert result.stderr == (f"ptc: error: {source / 'zoo.json'}: seed is 7, this zoo's is 0 "
                              "(hint: merge only from a copy of this zoo built with the same profile)\n")
     assert tree_digest(target) == before
+    for args in (("zoo", "merge", tmp_path / "nowhere", "--member", "clip", "--root", target),
+                 ("zoo", "show", "--root", tmp_path / "nowhere")):
+        result = run_ptc(*args)
+        assert result.returncode == 2
+        assert result.stderr == (f"ptc: error: no zoo at {tmp_path / 'nowhere'} (looked for "
+                                 f"{tmp_path / 'nowhere' / 'zoo.json'}) (hint: build one with `ptc zoo build`)\n")
 
 
 def test_a_zoo_built_with_another_profile_is_refused(zoo):

@@ -59,6 +59,14 @@ def read_index(root: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def built_index(root: Path) -> dict:
+    """The index of a zoo that must exist (`ptc zoo show`, `ptc zoo merge`)."""
+    index = read_index(root)
+    if not index:
+        raise InputError(f"no zoo at {root} (looked for {Path(root) / INDEX})", "build one with `ptc zoo build`")
+    return index
+
+
 def _builder(member: Member):
     module, _, function = member.builder.partition(":")
     return getattr(importlib.import_module(f"targets.{module}"), function)

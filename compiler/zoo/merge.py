@@ -16,16 +16,13 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fsio import staged_directory, write_bytes_atomic, write_json_atomic
-from .build import INDEX, read_index
+from .build import INDEX, built_index
 
 SAME_WORLD = ("profile", "seed", "world_kind", "world")  # index fields both zoos must share
 
 
 def _checked_indexes(root: Path, source: Path, members: tuple[str, ...]) -> tuple[dict, dict]:
-    index, other = read_index(root), read_index(source)
-    for folder, found in ((root, index), (source, other)):
-        if not found:
-            raise InputError(f"no zoo at {folder} (looked for {folder / INDEX})", "build one with `ptc zoo build`")
+    index, other = built_index(root), built_index(source)
     for field in SAME_WORLD:
         if index.get(field) != other.get(field):
             raise InputError(f"{source / INDEX}: {field} is {other.get(field)!r}, this zoo's is {index.get(field)!r}",
