@@ -23,7 +23,7 @@ from compiler.grid import load_task
 from compiler.labelled import labelled_files
 from compiler.zoo.pretrain import PretrainConfig
 from compiler.zoo.pretrain import pretrain as zoo_pretrain
-from compiler.zoo.world import TEST_DIGITS, WorldSize, _digit_images, render, sample_scene, write_world
+from compiler.zoo.world import PLAIN, TEST_DIGITS, WorldSize, _digit_images, render, sample_scene, write_world
 from targets.hf_clip import build_tiny
 
 
@@ -53,7 +53,7 @@ def zero_shot(encoder, files: dict[str, Path], plain_per_class: int = 30) -> dic
         shifted = accuracy([Image.open(p).convert("RGB") for p, _ in pairs], [label for _, label in pairs])
         scenes = [sample_scene(rng, test_pool, digit_targets, fixed={name: c})
                   for c in task.classes for _ in range(plain_per_class)]
-        plain = accuracy([Image.fromarray(render(s, rng, digit_images, shifted=False)) for s in scenes],
+        plain = accuracy([Image.fromarray(render(s, rng, digit_images, PLAIN)) for s in scenes],
                          [task.classes.index(s.value(name)) for s in scenes])
         figures[name] = {"shifted": shifted, "plain": plain, "chance": round(1 / len(task.classes), 3),
                          "prompt_offdiag_cosine": round(off_diagonal, 3)}

@@ -60,3 +60,22 @@ def test_task_splits_are_the_same_with_or_without_a_pretraining_corpus(tmp_path)
                 seed=5)
     assert not (tmp_path / "without" / "pretrain").exists()
     assert tree_digest(tmp_path / "with" / "tasks") == tree_digest(tmp_path / "without" / "tasks")
+
+
+def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_path):
+    """What `ptc zoo build` regenerates (the train splits are not committed) is drawn by the
+    same code as the committed probes and test splits: one shifted and one plain-style task,
+    written again at the committed zoo's sizes, match every committed file."""
+    from pathlib import Path
+
+    from compiler.zoo.world import write_task
+
+    committed = Path(__file__).resolve().parent.parent / "zoo"
+    index = json.loads((committed / "zoo.json").read_text())
+    size = WorldSize(**{k: v for k, v in index["world"].items() if k in WorldSize.__dataclass_fields__})
+    for task in ("shape", "count-plain"):
+        write_task(tmp_path, task, size, index["seed"])
+        ours, theirs = tree_digest(tmp_path / "tasks" / task), tree_digest(committed / "world" / "tasks" / task)
+        shared = set(ours) & set(theirs)
+        assert len(shared) == len(theirs) > size.probes  # every committed file: probes, test split, task file
+        assert all(ours[name] == theirs[name] for name in shared)

@@ -105,19 +105,31 @@ def _background(kind: str, base: np.ndarray, rng: random.Random) -> np.ndarray:
     return base[None, None, :] * (1 - 0.35 * mask[..., None])
 
 
-def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, shifted: bool) -> np.ndarray:
-    """The scene as a SIZE x SIZE x 3 uint8 array, in the plain or the shifted style."""
+@dataclass(frozen=True)
+class Style:
+    """How a scene is drawn: the background's grey level (drawn uniformly from a range), the
+    share of light grey mixed into every colour, and the shapes' stroke width."""
+
+    grey: tuple[float, float]
+    wash: float
+    stroke: int
+
+
+PLAIN = Style(grey=(0.25, 0.45), wash=0.0, stroke=1)
+SHIFTED = Style(grey=(0.55, 0.7), wash=0.45, stroke=2)  # brighter, washed out, thick: never in pretraining
+
+
+def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: Style) -> np.ndarray:
+    """The scene as a SIZE x SIZE x 3 uint8 array, in the given style."""
     from PIL import Image, ImageDraw
 
-    grey = rng.uniform(0.25, 0.45) if not shifted else rng.uniform(0.55, 0.7)
+    grey = rng.uniform(*style.grey)
     canvas = _background(scene.background, np.array([grey] * 3) * 255, rng)
     image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
     pen = ImageDraw.Draw(image)
-    colour = np.array(COLOURS[scene.colour], dtype=float)
-    if shifted:  # a washed-out palette and thick strokes: a style pretraining never saw
-        colour = 0.55 * colour + 0.45 * 200
+    colour = (1 - style.wash) * np.array(COLOURS[scene.colour], dtype=float) + style.wash * 200
     fill = tuple(int(c + rng.uniform(-15, 15)) for c in colour)
-    width = 2 if shifted else 1
+    width = style.stroke
     # Shapes sit in distinct 8-px cells outside the digit's quadrant: they never overlap
     # each other or the digit, so count and digit stay readable.
     row, col = divmod(QUADRANTS.index(scene.quadrant), 2)
@@ -191,9 +203,9 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
 
-    def save(scene: Scene, path: Path, shifted: bool) -> None:
+    def save(scene: Scene, path: Path, style: Style) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(scene, rng, images, shifted)).save(path)
+        Image.fromarray(render(scene, rng, images, style)).save(path)
 
     # One random stream per part: the task splits are the same whether or not (and however
     # large) a pretraining corpus is written, so a committed zoo's splits can be regenerated.
@@ -201,7 +213,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     lines = []
     for i in range(size.pretrain):
         scene = sample_scene(rng, fit_pool, targets)
-        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", shifted=False)
+        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", PLAIN)
         lines.append(json.dumps({INPUT_KEY: f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
@@ -215,13 +227,13 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
 
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
-    attribute, shifted = attribute_of(task), task not in IN_DISTRIBUTION
+    attribute, style = attribute_of(task), PLAIN if task in IN_DISTRIBUTION else SHIFTED
     classes, templates = TASKS[attribute]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
 
     def save(scene: Scene, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(scene, rng, images, shifted)).save(path)
+        Image.fromarray(render(scene, rng, images, style)).save(path)
 
     for i in range(size.probes):
         save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png")
