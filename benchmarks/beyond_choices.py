@@ -20,7 +20,7 @@ from pathlib import Path
 from compiler.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
 from compiler.recipe import Strength
 from compiler.zoo import beyond
-from compiler.zoo.paper import ALPHA, Zoo, _points
+from compiler.zoo.paper import ALPHA, Zoo, _points, choose_ridge
 
 
 def _standardised(utd, source, target, dim):
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
     args = parser.parse_args()
     zoo = Zoo(args.zoo, split="train")
-    zoo.ridge = 0.001  # ptc paper's ridge, chosen on the same split
+    zoo.use_ridge(choose_ridge(zoo)["ridge"])  # ptc paper's ridge, chosen on the same split
     print("relative descriptor statistics, retention (seed 0):",
           {k: round(v, 3) for k, v in relative_statistics(zoo).items()})
     everyone = str(len(zoo.members) - 1)

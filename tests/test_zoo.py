@@ -4,6 +4,7 @@ resuming an interrupted build, a bank that moves with its probes, and `ptc paper
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -278,3 +279,57 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
     assert line.startswith("diagnosis: b's descriptors transfer worst (retention -0.500 as a source); "
                            "the other members' retain 0.500 without it")
     assert paper.worst_source(cells[:3]) is None  # one source member: nothing to single out
+
+
+def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eval(zoo, results):
+    from compiler.evaluate import zero_shot_accuracy
+    from compiler.zoo import headroom
+
+    room = results["headroom"]
+    assert room["split"] == "train" and room["ridge"] == results["ridge"]
+    assert len(room["cells"]) == len(TINY.members) * len(TINY.source_tasks)
+    harness = paper.Zoo(zoo, split="train")
+    for cell in room["cells"][:2]:
+        record, folder = harness.bank.task(cell["task"]), harness.test_dir(cell["task"])
+        assert folder.name == "train"
+        tuned = harness.encoder(cell["target"]).with_adapter(harness.adapter(cell["target"], cell["task"], room["seed"]))
+        for key, encoder in (("finetuned", tuned), ("zero_shot", harness.encoder(cell["target"]))):
+            assert cell[key] == pytest.approx(100 * zero_shot_accuracy(encoder, record, folder, progress=False)["accuracy"],
+                                              abs=1e-4)
+    assert set(room["mean"]) == set(headroom.COLUMNS)
+    with pytest.raises(ValueError, match="train split"):
+        headroom.run(paper.Zoo(zoo), 0)
+    assert "### Why the Oracle recovers little (train split" in report.markdown(results)
+    assert any(line.startswith("diagnosis (train split): the Oracle is bounded") for line in report.findings(results))
+
+
+def test_headroom_measures_separate_class_offsets_and_generalisation():
+    from types import SimpleNamespace
+
+    from compiler.zoo import headroom
+
+    generator = torch.Generator().manual_seed(0)
+    n, d, m = 200, 12, 4
+    offsets = torch.randn(1, m, generator=generator, dtype=torch.float64)
+    row_shift = torch.randn(n, 1, generator=generator, dtype=torch.float64)
+    assert headroom.class_bias_share(offsets.expand(n, m) + row_shift) == pytest.approx(1.0)
+    noise = torch.randn(n, m, generator=generator, dtype=torch.float64)
+    no_offsets = noise - noise.mean(dim=0, keepdim=True)
+    assert headroom.class_bias_share(no_offsets + row_shift) == pytest.approx(0.0, abs=1e-12)
+    assert headroom.explained(noise + row_shift, noise) == pytest.approx(1.0)  # a probe's shared shift changes nothing
+    assert headroom.explained(torch.zeros_like(noise), noise) == pytest.approx(0.0)
+
+    # A descriptor that is a linear function of the normalised inputs generalises to held-out
+    # probes; pure noise does not.
+    inputs = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    rows = torch.nn.functional.normalize(torch.randn(m, d, generator=generator, dtype=torch.float64), dim=1)
+    grid = SimpleNamespace(inputs=inputs, class_rows=rows, regressors=None)
+    linear = torch.nn.functional.normalize(inputs, dim=1) @ torch.randn(d, d, generator=generator, dtype=torch.float64) @ rows.T
+    assert headroom.held_out_explained(grid, linear, 1e-8) == pytest.approx(1.0, abs=1e-6)
+    assert headroom.held_out_explained(grid, noise, 1e-8) < 0.1
+
+    labels = torch.arange(n) % 2
+    separable = torch.randn(n, d, generator=generator, dtype=torch.float64)
+    separable[:, 0] = torch.where(labels == 1, 3.0, -3.0)
+    assert headroom.linear_probe(separable, labels) == 1.0
+    assert math.isnan(headroom.linear_probe(separable[:3], labels[:3]))  # one example of a class: no folds

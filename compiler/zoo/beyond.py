@@ -18,7 +18,7 @@ from ..descriptor import affinity, consensus, cosine
 from ..recipe import Strength, Term
 from ..strength import choose_strengths
 from ..terms import combined_descriptor, source_descriptor
-from .paper import Zoo, _mean, _points
+from .paper import _mean, _points
 
 ALPHA = 0.5
 DEFAULT_RULE = "agreement"  # the headline consensus is what a recipe term gets by default
@@ -234,10 +234,9 @@ def _fraction(records: list[dict]) -> float:
 
 
 # -- the section of results.json -------------------------------------------------------------------
-def run(zoo, echo) -> tuple[dict, dict]:
-    """(results["beyond"], results["certify"])."""
-    train = Zoo(zoo.root, zoo.progress, split="train")  # where a labelled choice of source is made
-    train.ridge = zoo.ridge
+def run(zoo, train, echo) -> tuple[dict, dict]:
+    """(results["beyond"], results["certify"]); `train` is the same zoo opened on its train
+    split, where a labelled choice of source is made."""
     per_seed = []
     for seed in zoo.seeds:
         summary = summarise_sources(source_cells(zoo, seed), zoo, train_cells=source_cells(train, seed, subsets=False))
