@@ -76,7 +76,10 @@ FULL = Profile(
         # resnet (the weakest source, the narrowest tower) to width 20, both chosen before
         # scoring and kept whatever the score: 0.46. siglip at 8,000 steps was tried next and NOT
         # kept (a choice made after scoring, said so in the README): retention 0.42, same-task
-        # agreement fell below different-task, and the README demo turned destructive.
+        # agreement fell below different-task, and the README demo turned destructive. (Those
+        # figures are at ridge 0.001; `ptc paper` now chooses 1e-4 on train: 0.44.) The next
+        # lever is what the embeddings encode linearly (`ptc paper`'s headroom table), and
+        # benchmarks/style_pilot.py measures one fair way to raise it.
         Member("clip", "hf", "hf_clip:build_tiny", {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4},
                pretrain={"steps": 6000}),
         Member("siglip", "hf", "hf_siglip:build_tiny", {"width": 80, "layers": 4, "heads": 4, "patch_size": 4},
