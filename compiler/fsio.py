@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -23,11 +24,43 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (os.umask can only
+    set it, which would race with other threads creating files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode() -> int:
+    """What open() would give a new file: mkstemp makes it owner-only (0600)."""
+    return 0o666 & ~_umask()
+
+
+def share_tree(root: Path) -> None:
+    """Give every entry under `root` (and `root`) the read bits, and folders the search bits,
+    that the umask allows others: mkdtemp makes owner-only folders, and some writers make
+    owner-only files (safetensors 0.8's save_file writes 0600). Other bits are kept."""
+    readable = 0o444 & ~_umask()
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = mode | readable | ((readable >> 2) if path.is_dir() else 0)  # r -> x on folders
+        if wanted != mode:
+            os.chmod(path, stat.S_IMODE(wanted))
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), _file_mode())  # an inference server may run as another user
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -105,6 +138,7 @@ def staged_directory(final: Path, replace: bool) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
     try:
         yield staging
+        share_tree(staging)
         if final.is_dir() and not any(final.iterdir()):
             final.rmdir()  # an empty folder is no output to protect
         if final.exists():

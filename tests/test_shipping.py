@@ -2,7 +2,9 @@
 ONNX and safetensors metadata, and a model card with Hugging Face front matter."""
 
 import json
+import os
 import re
+import stat
 
 import numpy as np
 import onnx
@@ -107,3 +109,38 @@ def test_provider_that_ran_is_reported(shipped):
     assert equivalence["onnx_provider"] == "CPUExecutionProvider"
     assert equivalence["onnx_provider_requested"] in ort.get_available_providers()
     assert equivalence["onnx_provider_fell_back"] is False
+
+
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_shipped_files_are_readable_by_the_server_user_as_the_umask_allows(shipped):
+    """Outputs are staged in mkdtemp/mkstemp entries, which are owner-only; an inference server
+    running as another user must still read what ships (here: what open() and mkdir() give)."""
+    out, _ = shipped
+    mask = _process_umask()
+    modes = {path.relative_to(out).as_posix() or ".": stat.S_IMODE(path.stat().st_mode)
+             for path in [out, *out.rglob("*")]}
+    readable = 0o444 & ~mask
+    wrong = {name: oct(mode) for name, mode in modes.items()
+             if mode & readable != readable or ((out / name).is_dir() and mode & (readable >> 2) != readable >> 2)}
+    assert not wrong and {"ptc.lock", "report.json", "onnx"} <= {name.split("/")[0] for name in modes}
+
+
+def test_atomic_writes_follow_the_umask(tmp_path):
+    from compiler.fsio import staged_directory, write_bytes_atomic
+
+    previous = os.umask(0o027)
+    try:
+        write_bytes_atomic(tmp_path / "file.json", b"{}")
+        with staged_directory(tmp_path / "folder", replace=False) as staging:
+            (staging / "inside").write_bytes(b"x")
+            os.chmod(staging / "inside", 0o600)  # as safetensors' save_file leaves its files
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "file.json").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "folder").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "folder" / "inside").stat().st_mode) == 0o640
