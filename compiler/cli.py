@@ -372,8 +372,11 @@ def zoo_show(root: Path | None) -> None:
               help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
                    "tiny, audio-tiny: OUT/zoo-PROFILE); built or completed if needed.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
+              help="What to score: the held-out test splits (the report), or the train splits, to judge a "
+                   "change to the zoo before its test figures are seen (written as paper-PROFILE-train).")
 @handled
-def paper(profile: str, root: Path | None, out: Path) -> None:
+def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
     from .zoo import paper as harness
     from .zoo import report
@@ -384,8 +387,8 @@ def paper(profile: str, root: Path | None, out: Path) -> None:
     profile = read_index(root).get("profile", profile)  # a zoo named by --root is run as it was built
     # A finished zoo is left as it is, except for the splits it does not commit (written again).
     build_zoo(root, profile_named(profile), echo=click.echo)
-    results = harness.run(root, echo=click.echo)
-    written = report.write(results, out, f"paper-{profile}")
+    results = harness.run(root, echo=click.echo, split=split)
+    written = report.write(results, out, f"paper-{profile}" + ("-train" if split == "train" else ""))
     for line in report.findings(results):
         click.echo(line)
     click.echo(f"written: {', '.join(str(p) for p in written)}")

@@ -13,6 +13,7 @@ import torch
 import targets
 from compiler.bank import Bank
 from compiler.errors import ModelNotFound
+from compiler.evaluate import zero_shot_accuracy
 from compiler.zoo import paper, report
 from compiler.zoo.build import build_zoo, profile_named, read_index
 from conftest import run_ptc, tree_digest
@@ -213,6 +214,27 @@ def test_ptc_paper_writes_json_markdown_and_plots(zoo, tmp_path):
     assert "fp64 linearity" in result.stdout
 
 
+def test_ptc_paper_on_the_train_split_scores_train_and_says_so(zoo, tmp_path):
+    out = tmp_path / "results"
+    result = run_ptc("paper", "--profile", "tiny", "--root", zoo, "--out", out, "--split", "train")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["paper-tiny-train-negation.png", "paper-tiny-train-scaling.png",
+                                                       "paper-tiny-train.json", "paper-tiny-train.md"]
+    saved = json.loads((out / "paper-tiny-train.json").read_text())
+    assert saved["split"] == "train" and saved["findings"][0] == report.TRAIN_BANNER
+    text = (out / "paper-tiny-train.md").read_text()
+    assert f"**This report is {report.TRAIN_BANNER}.**" in text and "(paper-tiny-train-negation.png)" in text
+    # Each cell's zero-shot is the target's accuracy on the train split, read independently.
+    train = paper.Zoo(zoo, split="train")
+    for cell in saved["cells"][:3]:
+        record = train.bank.task(cell["task"])
+        expected = zero_shot_accuracy(train.encoder(cell["target"]), record, zoo / "world" / "tasks" / cell["task"] / "train",
+                                      progress=False)["accuracy"]
+        assert cell["zero_shot"] == pytest.approx(100 * expected, abs=1e-4)
+    with pytest.raises(ValueError, match="unknown split"):
+        paper.run(zoo, echo=lambda _: None, split="probes")
+
+
 def _zoo_recipe(zoo, folder, evaluate):
     import yaml
 
@@ -282,7 +304,6 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
 
 
 def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eval(zoo, results):
-    from compiler.evaluate import zero_shot_accuracy
     from compiler.zoo import headroom
 
     room = results["headroom"]

@@ -19,7 +19,9 @@ def _f(value, digits: int = 2) -> str:
     return f"{value:+.{digits}f}" if digits <= 2 else f"{value:.{digits}f}"
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict, stem: str | None = None) -> str:
+    """The report; `stem` names its plots' files (default paper-PROFILE)."""
+    stem = stem or f"paper-{results['profile']}"
     add, neg, agr, lin, paper = (results["addition"], results["negation"], results["agreement"],
                                  results["linearity"], results["paper"])
     lines = [f"# ptc paper: the zoo's {results['profile']} profile",
@@ -30,6 +32,7 @@ def markdown(results: dict) -> str:
              f"split by Oracle gain: {results['ridge_selection']['train_oracle_gain']}). All accuracies are on "
              "held-out test splits; gains and deltas are percentage points against the target's zero-shot.",
              "",
+             *_train_banner(results),
              "## Zoo quality (zero-shot on held-out test, chance, mean off-diagonal prompt cosine)",
              "",
              "| member | task | zero-shot | chance | prompt cosine |",
@@ -109,8 +112,7 @@ def markdown(results: dict) -> str:
     for j, row in results["scaling"].items():
         lines.append(f"| {j} | {_f(row['fixed']['composed_gain'])} | {_f(row['fixed']['control_delta'])} | "
                      f"{_f(row['per_task']['composed_gain'])} | {_f(row['per_task']['control_delta'])} |")
-    lines += ["", f"![negation](paper-{results['profile']}-negation.png) "
-              f"![scaling](paper-{results['profile']}-scaling.png)", "", "## Seeds", "", "| seed | retention | cross-model | Oracle | Random-UTD | control |",
+    lines += ["", f"![negation]({stem}-negation.png) ![scaling]({stem}-scaling.png)", "", "## Seeds", "", "| seed | retention | cross-model | Oracle | Random-UTD | control |",
               "| --- | --- | --- | --- | --- | --- |"]
     for row in results["seeds"]:
         lines.append(f"| {row['seed']} | {row['retention']:.3f} | {_f(row['cross_model_gain'])} | "
@@ -195,6 +197,16 @@ def beyond_markdown(results: dict) -> list[str]:
               f"certified predictions that changed: {c['certified_changed']} (changed in all: {c['changed']}). "
               "Paper: 47.8% certified, 0 of 4,480 changed.", ""]
     return lines
+
+
+TRAIN_BANNER = ("scored on the TRAIN split, to judge a change to the zoo before its test figures are seen: "
+                "wherever this report says test, read train, except the zoo quality table and the fine-tuned "
+                "sources' own gain (zoo.json's test figures); the ridge, the sources chosen on train and the "
+                "headroom are in-sample here")
+
+
+def _train_banner(results: dict) -> list[str]:
+    return [f"**This report is {TRAIN_BANNER}.**", ""] if results.get("split", "test") == "train" else []
 
 
 def headroom_markdown(room: dict) -> list[str]:
@@ -291,6 +303,8 @@ def findings(results: dict) -> list[str]:
              f"{results['certify']['certified_changed']} certified predictions changed"),
         ]
     lines = [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
+    if results.get("split", "test") == "train":
+        lines.insert(0, TRAIN_BANNER)
     collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]
     if collapsed:
         lines.append(f"diagnosis: class prompts collapsed (mean cosine > 0.9) on {', '.join(collapsed)}; no "
@@ -349,7 +363,7 @@ def _png(figure) -> bytes:
 def write(results: dict, out: Path, stem: str) -> list[Path]:
     """Render everything first, then write each file atomically: a failure writes nothing."""
     results = {**results, "findings": findings(results)}
-    files = {f"{stem}.json": json.dumps(results, indent=1).encode(), f"{stem}.md": markdown(results).encode(),
+    files = {f"{stem}.json": json.dumps(results, indent=1).encode(), f"{stem}.md": markdown(results, stem).encode(),
              **{f"{stem}-{name}": png for name, png in plots(results).items()}}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
