@@ -12,7 +12,7 @@ zero-shot accuracy and a labelled linear probe (cross-validated) per task.
 
     python3 -m benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread]
 
-Two --style runs side by side take about 15 minutes on 2 cores (one thread each) at 2,500 steps.
+Two --style runs side by side (one thread each, 2,500 steps) took 11 minutes for clip and 19 for vit on 2 cores.
 """
 
 from __future__ import annotations
