@@ -151,6 +151,23 @@ def test_a_zoo_built_with_another_profile_is_refused(zoo):
         build_zoo(zoo, profile_named("full"), echo=lambda _: None)
 
 
+def test_a_profile_whose_world_changed_is_refused_not_recorded_over_the_old_world(zoo, tmp_path):
+    import dataclasses
+
+    from compiler.errors import InputError
+
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo, copy)
+    before = tree_digest(copy)
+    more_probes = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, probes=TINY.world.probes + 8))
+    with pytest.raises(InputError, match=rf"zoo.json: this zoo's world is .*'probes': {TINY.world.probes}.*; the tiny "
+                                         rf"profile now says .*'probes': {TINY.world.probes + 8}"):
+        build_zoo(copy, more_probes, echo=lambda _: None)
+    with pytest.raises(InputError, match="this zoo's seed is 0; the tiny profile now says 1"):
+        build_zoo(copy, dataclasses.replace(TINY, seed=1), echo=lambda _: None)
+    assert tree_digest(copy) == before
+
+
 def test_the_bank_moves_with_its_probes(zoo, tmp_path):
     moved = tmp_path / "elsewhere"
     shutil.copytree(zoo, moved)

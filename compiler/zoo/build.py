@@ -161,9 +161,17 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
     if index and index.get("profile") != profile.name:
         raise InputError(f"{root / INDEX}: this zoo was built with profile {index.get('profile')!r}, "
                          f"not {profile.name!r}", "build into another folder, or delete this one")
+    # The world is written once: a profile whose world settings changed since (more probes, another
+    # seed) would otherwise be recorded over a world that still holds the old splits.
+    wanted = {"seed": profile.seed, "world_kind": profile.world_kind,
+              "world": {**profile.world.__dict__, "template_share": profile.template_share}}
+    for field, value in wanted.items():
+        if index and index.get(field) != value:
+            raise InputError(f"{root / INDEX}: this zoo's {field} is {index.get(field)!r}; the {profile.name} "
+                             f"profile now says {value!r}", "build into another folder (--root DIR), or delete "
+                             "this one to write its world and members again")
     world = world_module(profile.world_kind)
-    index.update({"format": FORMAT, "profile": profile.name, "seed": profile.seed, "world_kind": profile.world_kind,
-                  "world": {**profile.world.__dict__, "template_share": profile.template_share},
+    index.update({"format": FORMAT, "profile": profile.name, **wanted,
                   "tasks": list(profile.tasks), "control_tasks": list(profile.control_tasks),
                   "in_distribution_tasks": list(profile.in_distribution_tasks),
                   "seeds": list(profile.seeds)})
