@@ -338,7 +338,7 @@ def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eva
     with pytest.raises(ValueError, match="train split"):
         headroom.run(paper.Zoo(zoo), 0)
     assert "### Why the Oracle recovers little (train split" in report.markdown(results)
-    assert any(line.startswith("diagnosis (train split): the Oracle is bounded") for line in report.findings(results))
+    assert any(line.startswith("diagnosis (train split): the Oracle is limited") for line in report.findings(results))
 
 
 def test_headroom_measures_separate_class_offsets_and_generalisation():

@@ -6,8 +6,9 @@ affinities, so its gain is bounded by what the fine-tune changed and by what tha
 encodes linearly. Each row puts the Oracle beside those bounds:
 
 - half step: the fine-tune's affinity change at half strength, reproduced exactly (argmax of
-  S_pre + 0.5 (S_ft - S_pre)): what a perfect edit at the paper's alpha would score (in-sample,
-  like the fine-tune's own accuracy here: the sources were trained on this split);
+  S_pre + 0.5 (S_ft - S_pre)): what an edit that reproduced the fine-tune's own change on these
+  inputs would score at the paper's alpha (in-sample, like the fine-tune's accuracy here: the
+  sources were trained on this split);
 - linear probe: a labelled logistic regression on the target's normalised pre-trained
   embeddings, cross-validated on the split: what a linear read-out learns from its labels
   (the Oracle, which sees no labels, is not bounded by it, but rarely does better);
@@ -29,7 +30,7 @@ from ..labelled import labelled_files
 from ..solve import factorize, first_order_descriptor, solve_operator
 
 FOLDS = 5          # linear probe: stratified folds (fewer where a class has fewer examples)
-PROBE_C = 10.0     # inverse L2 strength of the probe; the train splits hold 4-10 examples per dimension
+PROBE_C = 10.0     # a weak L2 penalty (sklearn's default is 1): unit-norm inputs need large weights
 HALF = 0.5
 
 COLUMNS = ("zero_shot", "finetuned", "half_step", "linear_probe", "oracle_half", "oracle_full",

@@ -214,7 +214,7 @@ def headroom_markdown(room: dict) -> list[str]:
              f"### Why the Oracle recovers little (train split, seed {room['seed']}, mean over targets)",
              "",
              "Accuracy on the labelled train split (%): zero-shot; the fine-tuned source; its affinity change at "
-             "half strength reproduced exactly (the best any edit at alpha 0.5 can do); a labelled linear probe on "
+             "half strength reproduced exactly (what an edit reproducing the fine-tune's own change on these inputs would score at alpha 0.5); a labelled linear probe on "
              "the target's pre-trained embeddings (cross-validated on the split); the Oracle "
              "closed form at 0.5 and at 1. Then the share of the row-centred descriptor the solve reproduces on "
              "the probes it was fitted on and on probes held out of the fit, and the share that is one offset per "
@@ -234,7 +234,7 @@ def headroom_markdown(room: dict) -> list[str]:
 
 def _headroom(room: dict) -> str:
     mean = room["mean"]
-    return (f"diagnosis (train split): the Oracle is bounded by what the targets' pre-trained embeddings encode "
+    return (f"diagnosis (train split): the Oracle is limited by what the targets' pre-trained embeddings encode "
             f"linearly, not by the fine-tunes: their affinity change at half strength would score "
             f"{mean['half_step']:.1f}% (fine-tuned {mean['finetuned']:.1f}%, zero-shot {mean['zero_shot']:.1f}%), a "
             f"labelled linear probe on the embeddings reaches {mean['linear_probe']:.1f}%, and the Oracle at 0.5 "
