@@ -334,7 +334,10 @@ def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eva
         for key, encoder in (("finetuned", tuned), ("zero_shot", harness.encoder(cell["target"]))):
             assert cell[key] == pytest.approx(100 * zero_shot_accuracy(encoder, record, folder, progress=False)["accuracy"],
                                               abs=1e-4)
-    assert set(room["mean"]) == set(headroom.COLUMNS)
+    assert set(room["mean"]) == set(headroom.COLUMNS) and set(room["per_target"]) == {m.name for m in TINY.members}
+    first = room["per_target"][room["cells"][0]["target"]]["zero_shot"]
+    mine = [c["zero_shot"] for c in room["cells"] if c["target"] == room["cells"][0]["target"]]
+    assert first == pytest.approx(sum(mine) / len(mine))
     with pytest.raises(ValueError, match="train split"):
         headroom.run(paper.Zoo(zoo), 0)
     assert "### Why the Oracle recovers little (train split" in report.markdown(results)

@@ -108,10 +108,11 @@ def _means(rows: list[dict]) -> dict:
 
 
 def run(train_zoo, seed: int) -> dict:
-    """Every (target, source task) of the zoo at `seed`, with means per task and overall."""
+    """Every (target, source task) of the zoo at `seed`, with means per task, per target and overall."""
     if train_zoo.split_name != "train":
         raise ValueError("the Oracle's headroom is measured on the train split, never on test")
     cells = [cell(train_zoo, target, task, seed) for target in train_zoo.members for task in train_zoo.source_tasks]
     return {"seed": seed, "split": "train", "ridge": train_zoo.ridge, "cells": cells,
             "per_task": {task: _means([c for c in cells if c["task"] == task]) for task in train_zoo.source_tasks},
+            "per_target": {m: _means([c for c in cells if c["target"] == m]) for m in train_zoo.members},
             "mean": _means(cells)}

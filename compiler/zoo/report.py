@@ -211,7 +211,7 @@ def _train_banner(results: dict) -> list[str]:
 
 def headroom_markdown(room: dict) -> list[str]:
     lines = ["",
-             f"### Why the Oracle recovers little (train split, seed {room['seed']}, mean over targets)",
+             f"### Why the Oracle recovers little (train split, seed {room['seed']}; per task, per target, all)",
              "",
              "Accuracy on the labelled train split (%): zero-shot; the fine-tuned source; its affinity change at "
              "half strength reproduced exactly (what an edit reproducing the fine-tune's own change on these inputs would score at alpha 0.5); a labelled linear probe on "
@@ -224,7 +224,8 @@ def headroom_markdown(room: dict) -> list[str]:
              "| task | zero-shot | fine-tuned | half step | linear probe | Oracle 0.5 | Oracle 1 | explained, fitted "
              "| explained, held out | class-bias share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for task, row in [*room["per_task"].items(), ("all", room["mean"])]:
+    targets = [(f"target {m}", row) for m, row in room.get("per_target", {}).items()]
+    for task, row in [*room["per_task"].items(), *targets, ("all", room["mean"])]:
         lines.append(f"| {task} | {row['zero_shot']:.1f} | {row['finetuned']:.1f} | {row['half_step']:.1f} | "
                      f"{row['linear_probe']:.1f} | {row['oracle_half']:.1f} | {row['oracle_full']:.1f} | "
                      f"{row['explained_fitted']:.2f} | {row['explained_held_out']:.2f} | "
