@@ -11,7 +11,8 @@ encodes linearly. Each row puts the Oracle beside those bounds:
   sources were trained on this split);
 - linear probe: a labelled logistic regression on the target's normalised pre-trained
   embeddings, cross-validated on the split: what a linear read-out learns from its labels
-  (the Oracle, which sees no labels, is not bounded by it, but rarely does better);
+  (not a bound on the Oracle, whose edit is fitted without the split's labels, but one it
+  rarely beats here);
 - explained: the share of the row-centred descriptor that the solve's first-order descriptor
   reproduces on the probes it was fitted on, and on probes held out of the fit (two halves,
   each scored by the other's solve);
