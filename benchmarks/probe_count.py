@@ -23,7 +23,7 @@ from compiler.descriptor import task_descriptor
 from compiler.embed import embed_probe_files, embed_probe_files_for_edit
 from compiler.solve import factorize, solve_operator
 from compiler.zoo import world
-from compiler.zoo.paper import ALPHA, Zoo, _points
+from compiler.zoo.paper import ALPHA, Zoo, _mean, _points, retention
 
 RIDGES = (1e-2, 1e-3, 1e-4)
 
@@ -39,8 +39,7 @@ def extra_probes(folder: Path, task: str, count: int, seed: int) -> list[Path]:
         scene = world.sample_scene(rng, fit_pool, targets)
         path = folder / task / f"{i:05d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        style = world.PLAIN if task in world.IN_DISTRIBUTION else world.SHIFTED
-        Image.fromarray(world.render(scene, rng, images, style)).save(path)
+        Image.fromarray(world.render(scene, rng, images, world.task_style(task))).save(path)
         paths.append(path)
     return paths
 
@@ -63,18 +62,19 @@ def larger_grids(zoo: Zoo, folder: Path, extra: int, seed: int) -> tuple[dict, d
 
 
 def score(zoo: Zoo, factors, descriptors, ridge: float) -> dict:
-    oracle, pairs = [], []
+    """`ptc paper`'s addition figures (mean gains, pooled retention) for the given grids."""
+    oracle, cells = [], []
     for target in zoo.members:
         view = zoo.view(target)
         for task in zoo.source_tasks:
             base = view.accuracy(task)
             gain = lambda source: _points(view.accuracy(task, solve_operator(  # noqa: E731
                 factors(target, task), ALPHA * descriptors(source, task), ridge)), base)
-            own = gain(target)
-            oracle.append(own)
-            pairs += [(gain(source), own) for source in zoo.members if source != target]
-    return {"oracle_gain": sum(oracle) / len(oracle), "cross_model_gain": sum(g for g, _ in pairs) / len(pairs),
-            "retention": sum(g for g, _ in pairs) / sum(o for _, o in pairs)}
+            oracle.append(gain(target))
+            cells += [{"cross_model_gain": gain(source), "oracle_gain": oracle[-1]}
+                      for source in zoo.members if source != target]
+    return {"oracle_gain": _mean(oracle), "cross_model_gain": _mean(c["cross_model_gain"] for c in cells),
+            "retention": retention(cells)}
 
 
 def main() -> None:

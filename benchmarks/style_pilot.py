@@ -10,7 +10,7 @@ axis (background grey up to 0.5 against the shift's 0.55-0.7, up to 30% light gr
 colours against its 45%, thin strokes only against its thick ones). It prints each one's
 zero-shot accuracy and a labelled linear probe (cross-validated) per task.
 
-    python3 -m benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread]
+    python3 -m benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread] [--seed 0]
 
 Two --style runs side by side (one thread each, 2,500 steps) took 11 minutes for clip and 19 for vit on 2 cores.
 """
@@ -45,13 +45,15 @@ def spread_style(rng: random.Random) -> world.Style:
     return world.Style(grey=SPREAD_GREY, wash=wash, stroke=1)
 
 
-def write_corpus(folder: Path, style: str, images: int) -> None:
-    """The same scenes and captions for either style; only how each image is drawn differs."""
+def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
+    """The same scenes and captions for either style; only how each image is drawn differs.
+    Another `seed` draws other scenes (seed 0 keeps the streams the README's figures came from)."""
     from PIL import Image
 
     digits, targets_ = world._digit_images()
     fit_pool = list(range(len(digits) - world.TEST_DIGITS))
-    scenes, styles = random.Random("style-pilot/scenes"), random.Random("style-pilot/styles")
+    stream = "style-pilot" if seed == 0 else f"style-pilot/{seed}"
+    scenes, styles = random.Random(f"{stream}/scenes"), random.Random(f"{stream}/styles")
     lines = []
     for i in range(images):
         scene = world.sample_scene(scenes, fit_pool, targets_)
@@ -65,12 +67,12 @@ def write_corpus(folder: Path, style: str, images: int) -> None:
     (folder / "captions.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def pretrain(style: str, member_name: str, steps: int, images: int | None, scratch: Path):
+def pretrain(style: str, member_name: str, steps: int, images: int | None, seed: int, scratch: Path):
     profile = profile_named("full")
     member = next(m for m in profile.members if m.name == member_name)
     member = dataclasses.replace(member, pretrain={**member.pretrain, "steps": steps})
     root = scratch / style
-    write_corpus(root / "world" / "pretrain", style, images or profile.world.pretrain)
+    write_corpus(root / "world" / "pretrain", style, images or profile.world.pretrain, seed)
     record = _pretrain_member(member, profile, root, print)
     return targets.load(record["ref"], root)
 
@@ -93,13 +95,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--style", choices=("plain", "spread", "both"), default="both")
     parser.add_argument("--images", type=int, default=None, help="pretraining images (default: the full zoo's)")
+    parser.add_argument("--seed", type=int, default=0, help="which scenes the corpus draws (to see how noisy one run is)")
     args = parser.parse_args()
     zoo = Zoo(args.zoo, split="train")
     for style in ("plain", "spread") if args.style == "both" else (args.style,):
         with tempfile.TemporaryDirectory() as scratch:
-            encoder = pretrain(style, args.member, args.steps, args.images, Path(scratch))
+            encoder = pretrain(style, args.member, args.steps, args.images, args.seed, Path(scratch))
             rows = scores(encoder, zoo)
-        print(f"{args.member} pretrained {args.steps} steps in the {style} style (train split, zero-shot / linear probe %): "
+        print(f"{args.member} pretrained {args.steps} steps in the {style} style, scene seed {args.seed} (train split, zero-shot / linear probe %): "
               + "; ".join(f"{task} {r['zero_shot']:.1f} / {r['linear_probe']:.1f}" for task, r in rows.items()), flush=True)
 
 

@@ -190,7 +190,7 @@ def test_cached_edit_accuracy_is_what_the_folded_model_scores(zoo):
         assert view.accuracy(task, torch.zeros_like(edit)) == view.accuracy(task)
 
 
-def test_paper_results_carry_the_issue_keys(results):
+def test_paper_results_carry_the_issue_keys(zoo, results):
     for dotted in ("addition.retention", "addition.cross_model_gain", "addition.oracle_gain",
                    "addition.random_utd_gain", "addition.control_delta", "negation.lambda_1.removed_delta",
                    "negation.lambda_1.control_delta", "agreement.same_task_cosine",
@@ -205,6 +205,14 @@ def test_paper_results_carry_the_issue_keys(results):
     assert results["linearity"]["max_rel_diff_fp64"] <= 1e-12
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
     assert {"same_task_cosine_centred", "different_task_cosine_centred"} <= set(results["agreement"])
+    # Per task, over member pairs (a two-member zoo has one pair): read from the bank independently.
+    from compiler.descriptor import centred, cosine
+    harness, by_task = paper.Zoo(zoo), results["agreement"]["same_task_cosine_centred_by_task"]
+    first, second = harness.members
+    for task in TINY.source_tasks:
+        expected = cosine(centred(harness.descriptor(task, first, TINY.seeds[0])),
+                          centred(harness.descriptor(task, second, TINY.seeds[0])))
+        assert by_task[task]["min"] == pytest.approx(expected) == by_task[task]["max"] and by_task[task]["n"] == 1
     # With two members the consensus of "all other members" is the one other source: the same
     # gains. (Compared as gains: a tiny zoo's retention is NaN where its Oracle gains nothing.)
     beyond = results["beyond"]

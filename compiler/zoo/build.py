@@ -67,6 +67,16 @@ def built_index(root: Path) -> dict:
     return index
 
 
+WORLD_FIELDS = ("seed", "world_kind", "world")  # the keys of world_fields
+
+
+def world_fields(profile: Profile) -> dict:
+    """What zoo.json records of the world a profile writes: two zoos that agree on these, and on
+    the profile, hold the same splits and probes."""
+    return {"seed": profile.seed, "world_kind": profile.world_kind,
+            "world": {**profile.world.__dict__, "template_share": profile.template_share}}
+
+
 def _builder(member: Member):
     module, _, function = member.builder.partition(":")
     return getattr(importlib.import_module(f"targets.{module}"), function)
@@ -163,8 +173,7 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
                          f"not {profile.name!r}", "build into another folder, or delete this one")
     # The world is written once: a profile whose world settings changed since (more probes, another
     # seed) would otherwise be recorded over a world that still holds the old splits.
-    wanted = {"seed": profile.seed, "world_kind": profile.world_kind,
-              "world": {**profile.world.__dict__, "template_share": profile.template_share}}
+    wanted = world_fields(profile)
     for field, value in wanted.items():
         if index and index.get(field) != value:
             raise InputError(f"{root / INDEX}: this zoo's {field} is {index.get(field)!r}; the {profile.name} "

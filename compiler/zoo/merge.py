@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fsio import staged_directory, write_bytes_atomic, write_json_atomic
-from .build import INDEX, built_index
+from .build import INDEX, WORLD_FIELDS, built_index
 
-SAME_WORLD = ("profile", "seed", "world_kind", "world")  # index fields both zoos must share
+SAME_WORLD = ("profile", *WORLD_FIELDS)  # index fields both zoos must share
 
 
 def _checked_indexes(root: Path, source: Path, members: tuple[str, ...]) -> tuple[dict, dict]:

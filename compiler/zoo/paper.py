@@ -165,7 +165,7 @@ def _mean(values) -> float:
 def _spread(values) -> dict:
     values = list(values)
     return {"mean": _mean(values), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-            "n": len(values)}
+            "min": min(values, default=float("nan")), "max": max(values, default=float("nan")), "n": len(values)}
 
 
 def _control_delta(view: TargetView, controls: list[str], edit: torch.Tensor) -> float:
@@ -315,8 +315,9 @@ def agreement(zoo: Zoo, seed: int) -> dict:
     change a prediction. Every fine-tune here shifts all classes of a probe alike, which the
     plain cosine counts as agreement between unrelated tasks. A descriptor with no
     class-discriminative part (a member whose prompts collapsed) has no centred cosine and is left out."""
-    pairs_same = [(zoo.descriptor(task, a, seed), zoo.descriptor(task, b, seed))
-                  for task in zoo.source_tasks for a, b in itertools.combinations(zoo.members, 2)]
+    same_by_task = {task: [(zoo.descriptor(task, a, seed), zoo.descriptor(task, b, seed))
+                           for a, b in itertools.combinations(zoo.members, 2)] for task in zoo.source_tasks}
+    pairs_same = [pair for pairs in same_by_task.values() for pair in pairs]
     pairs_different = []
     for member in zoo.members:
         encoder = zoo.view(member).encoder
@@ -336,6 +337,10 @@ def agreement(zoo: Zoo, seed: int) -> dict:
     return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
             "same_task_spread": _spread(same), "different_task_spread": _spread(different),
             "same_task_cosine_centred": _mean(by_row["same"]),
+            # Per task, over member pairs: which tasks' fine-tunes agree across members.
+            "same_task_cosine_centred_by_task": {
+                task: _spread(v for v in (cosine(centred(a), centred(b)) for a, b in pairs) if v == v)
+                for task, pairs in same_by_task.items()},
             "different_task_cosine_centred": _mean(by_row["different"]),
             "centred_pairs": {"same": len(by_row["same"]), "different": len(by_row["different"]),
                               "left_out": len(same) + len(different) - len(by_row["same"]) - len(by_row["different"])}}

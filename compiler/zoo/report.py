@@ -76,8 +76,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
     for row in add["per_pair"]:
         lines.append(f"| {row['source']} | {row['target']} | {_f(row['cross_model_gain'])} | "
                      f"{_f(row['oracle_gain'])} | {_f(row['retention'], 3)} |")
-    if "headroom" in results:
-        lines += headroom_markdown(results["headroom"])
+    lines += headroom_markdown(results["headroom"])
     lines += ["",
               "## Negation (Table 16, Figure 2): cross-model descriptors at weight -lambda",
               "",
@@ -97,7 +96,10 @@ def markdown(results: dict, stem: str | None = None) -> str:
               f"different tasks within a model: {agr['different_task_cosine']:.3f} "
               f"(paper {paper['agreement.different_task_cosine']}). Row-centred (only what differs between a "
               f"probe's classes): same task {agr.get('same_task_cosine_centred', float('nan')):.3f}, different "
-              f"tasks {agr.get('different_task_cosine_centred', float('nan')):.3f}.",
+              f"tasks {agr.get('different_task_cosine_centred', float('nan')):.3f}. Row-centred, same task, per task "
+              "(mean, lowest and highest over member pairs): " + "; ".join(
+                  f"{task} {row['mean']:.2f} ({row['min']:.2f} to {row['max']:.2f})"
+                  for task, row in agr["same_task_cosine_centred_by_task"].items()) + ".",
               "",
               "## Linearity (Table 6)",
               "",
@@ -206,7 +208,7 @@ TRAIN_BANNER = ("scored on the TRAIN split, to judge a change to the zoo before 
 
 
 def _train_banner(results: dict) -> list[str]:
-    return [f"**This report is {TRAIN_BANNER}.**", ""] if results.get("split", "test") == "train" else []
+    return [f"**This report is {TRAIN_BANNER}.**", ""] if results["split"] == "train" else []
 
 
 def headroom_markdown(room: dict) -> list[str]:
@@ -224,7 +226,7 @@ def headroom_markdown(room: dict) -> list[str]:
              "| task | zero-shot | fine-tuned | half step | linear probe | Oracle 0.5 | Oracle 1 | explained, fitted "
              "| explained, held out | class-bias share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    targets = [(f"target {m}", row) for m, row in room.get("per_target", {}).items()]
+    targets = [(f"target {m}", row) for m, row in room["per_target"].items()]
     for task, row in [*room["per_task"].items(), *targets, ("all", room["mean"])]:
         lines.append(f"| {task} | {row['zero_shot']:.1f} | {row['finetuned']:.1f} | {row['half_step']:.1f} | "
                      f"{row['linear_probe']:.1f} | {row['oracle_half']:.1f} | {row['oracle_full']:.1f} | "
@@ -304,7 +306,7 @@ def findings(results: dict) -> list[str]:
              f"{results['certify']['certified_changed']} certified predictions changed"),
         ]
     lines = [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
-    if results.get("split", "test") == "train":
+    if results["split"] == "train":
         lines.insert(0, TRAIN_BANNER)
     collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]
     if collapsed:
@@ -314,8 +316,7 @@ def findings(results: dict) -> list[str]:
     worst = _worst_source(add)
     if worst:
         lines.append(worst)
-    if "headroom" in results:
-        lines.append(_headroom(results["headroom"]))
+    lines.append(_headroom(results["headroom"]))
     if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
         lines.append(f"diagnosis: the sources' own fine-tunes gain {add['finetuned_gain']:+.2f} points; the Oracle "
                      f"closed form at alpha 0.5 recovers {add['oracle_gain']:+.2f} of them")

@@ -119,6 +119,11 @@ PLAIN = Style(grey=(0.25, 0.45), wash=0.0, stroke=1)
 SHIFTED = Style(grey=(0.55, 0.7), wash=0.45, stroke=2)  # brighter, washed out, thick: never in pretraining
 
 
+def task_style(task: str) -> Style:
+    """Downstream splits are shifted, except the in-distribution variants'."""
+    return PLAIN if task in IN_DISTRIBUTION else SHIFTED
+
+
 def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: Style) -> np.ndarray:
     """The scene as a SIZE x SIZE x 3 uint8 array, in the given style."""
     from PIL import Image, ImageDraw
@@ -227,7 +232,7 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
 
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
-    attribute, style = attribute_of(task), PLAIN if task in IN_DISTRIBUTION else SHIFTED
+    attribute, style = attribute_of(task), task_style(task)
     classes, templates = TASKS[attribute]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
 
