@@ -12,7 +12,11 @@
 #
 # Environment: MEMBERS (default "vit siglip resnet"), PROFILE (full), ZOO (zoo), BUDGET
 # (seconds for the whole script, default 560), THREADS (CPU threads per build, default 5),
-# BENCH (1: run the benchmark; 0: skip it).
+# BENCH (1: run the benchmark; 0: skip it), FRESH (1: a zoo whose world changed, so nothing of
+# ZOO can be kept: the first member's zoo is the base, the others are merged into it, and every
+# member is packed), SPLIT (the split `ptc paper` scores: test, or train to judge a zoo change
+# before its test figures are seen), WORK (where the builds go; a second call with the same WORK
+# continues them, since builds are resumable).
 set -u
 start=$SECONDS
 members=${MEMBERS:-vit siglip resnet}
@@ -21,8 +25,8 @@ zoo=${ZOO:-zoo}
 budget=${BUDGET:-560}
 threads=${THREADS:-5}
 out=${OUT:-/tmp/ptc-device-out}
-work=$(mktemp -d)
-mkdir -p "$out"
+work=${WORK:-$(mktemp -d)}
+mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 ptc() { python3 -m compiler.cli "$@"; }
 left() { echo $((budget - (SECONDS - start))); }
@@ -48,8 +52,15 @@ for m in $members; do say "build $m:"; cat "$work/build-$m.log"; done
 # The merged zoo: the given one with each rebuilt member swapped in (a member whose build did
 # not finish is refused by the merge and stays as it was).
 merged=$work/merged
-cp -r "$zoo" "$merged"
-for m in $members; do ptc zoo merge "$work/zoo-$m" --member "$m" --root "$merged"; done
+rm -rf "$merged"
+if [ "${FRESH:-0}" = 1 ]; then
+    first=${members%% *}
+    cp -r "$work/zoo-$first" "$merged"
+    for m in ${members#"$first"}; do ptc zoo merge "$work/zoo-$m" --member "$m" --root "$merged"; done
+else
+    cp -r "$zoo" "$merged"
+    for m in $members; do ptc zoo merge "$work/zoo-$m" --member "$m" --root "$merged"; done
+fi
 rebuilt=$(for m in $members; do [ -d "$merged/models/$m" ] && echo models/$m sources/$m; done)
 (cd "$merged" && tar -cf "$work/zoo.tar" zoo.json $rebuilt bank/descriptors) && split -b 15m -d "$work/zoo.tar" "$out/zoo.tar."
 say "merged zoo packed: $(ls "$out" | tr '\n' ' ')"
@@ -62,7 +73,7 @@ if [ "$(left)" -gt 90 ]; then
     say "paper on the merged zoo"
     mkdir -p "$work/paper"
     OMP_NUM_THREADS=$(nproc) timeout $(( $(left) - 20 )) ptc paper --profile "$profile" --root "$merged" --out "$work/paper" \
-        > "$work/paper/paper.log" 2>&1; (cd "$work" && tar -cf "$out/paper.tar" paper)
+        --split "${SPLIT:-test}" > "$work/paper/paper.log" 2>&1; (cd "$work" && tar -cf "$out/paper.tar" paper)
     tail -30 "$work/paper/paper.log"
 fi
 say "done"

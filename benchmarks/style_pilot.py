@@ -35,14 +35,7 @@ from compiler.zoo.build import _pretrain_member, profile_named
 from compiler.zoo.headroom import linear_probe
 from compiler.zoo.paper import Zoo
 
-SPREAD_GREY = (0.15, 0.5)  # the shift's backgrounds are 0.55-0.7
-SPREAD_WASH = 0.3          # the shift mixes in 45% light grey
 TASKS = ("shape", "colour", "count", "size", "quadrant", "background", "count-plain")
-
-
-def spread_style(rng: random.Random) -> world.Style:
-    wash = rng.uniform(0.0, SPREAD_WASH)
-    return world.Style(grey=SPREAD_GREY, wash=wash, stroke=1)
 
 
 def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
@@ -59,7 +52,7 @@ def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
         scene = world.sample_scene(scenes, fit_pool, targets_)
         caption = world.caption(scene, scenes)
         drawing = random.Random(scenes.random())  # one stream per image, the same for both styles
-        chosen = world.PLAIN if style == "plain" else spread_style(styles)
+        chosen = world.PLAIN if style == "plain" else world.spread_style(styles)
         path = folder / "images" / f"{i:06d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(world.render(scene, drawing, digits, chosen)).save(path)

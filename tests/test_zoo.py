@@ -165,7 +165,24 @@ def test_a_profile_whose_world_changed_is_refused_not_recorded_over_the_old_worl
         build_zoo(copy, more_probes, echo=lambda _: None)
     with pytest.raises(InputError, match="this zoo's seed is 0; the tiny profile now says 1"):
         build_zoo(copy, dataclasses.replace(TINY, seed=1), echo=lambda _: None)
+    spread = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, pretrain_style="spread"))
+    with pytest.raises(InputError, match=r"this zoo's world is .*'pretrain_style': 'plain'.*; the tiny profile now "
+                                         r"says .*'pretrain_style': 'spread'"):
+        build_zoo(copy, spread, echo=lambda _: None)
     assert tree_digest(copy) == before
+
+
+def test_a_zoo_written_before_pretraining_styles_reads_as_plain(zoo, tmp_path):
+    """zoo.json files from before the field (the committed audio zoo's) still match their profile."""
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo, copy)
+    index = json.loads((copy / "zoo.json").read_text())
+    del index["world"]["pretrain_style"]
+    (copy / "zoo.json").write_text(json.dumps(index))
+    assert read_index(copy)["world"]["pretrain_style"] == "plain"
+    before = tree_digest(copy / "models")
+    build_zoo(copy, TINY, echo=lambda _: None)  # nothing to do, and no refusal
+    assert tree_digest(copy / "models") == before
 
 
 def test_the_bank_moves_with_its_probes(zoo, tmp_path):

@@ -96,3 +96,13 @@ def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
         assert len(record.probes) == SMALL.probes and record.classes == TASKS[task][0]
     batch = encoder.load_inputs(list(bank.task("tempo").probes))
     assert encoder.embed_inputs(batch).shape == (SMALL.probes, 16)
+
+
+def test_the_audio_world_refuses_the_image_worlds_pretraining_styles(tmp_path):
+    import dataclasses
+
+    from compiler.errors import InputError
+
+    with pytest.raises(InputError, match="the audio world has no pretraining style 'spread'"):
+        write_world(tmp_path, dataclasses.replace(SMALL, pretrain_style="spread"))
+    assert not tmp_path.joinpath("pretrain").exists()

@@ -8,7 +8,13 @@ from PIL import Image
 
 from compiler.grid import load_task
 from compiler.labelled import labelled_files
-from compiler.zoo.world import CONTROL_TASKS, DIGITS, TASKS, TEST_DIGITS, WorldSize, _digit_images, sample_scene, write_world
+import dataclasses
+
+import pytest
+
+from compiler.errors import InputError
+from compiler.zoo.world import (CONTROL_TASKS, DIGITS, PLAIN, SHIFTED, TASKS, TEST_DIGITS, WorldSize, _digit_images,
+                                sample_scene, spread_style, write_world)
 from conftest import tree_digest
 
 SMALL = WorldSize(pretrain=24, probes=6, train=2, test=2)
@@ -60,6 +66,26 @@ def test_task_splits_are_the_same_with_or_without_a_pretraining_corpus(tmp_path)
                 seed=5)
     assert not (tmp_path / "without" / "pretrain").exists()
     assert tree_digest(tmp_path / "with" / "tasks") == tree_digest(tmp_path / "without" / "tasks")
+
+
+def test_a_spread_corpus_holds_the_plain_corpus_scenes_and_captions_drawn_otherwise(tmp_path):
+    write_world(tmp_path / "plain", SMALL, seed=2)
+    write_world(tmp_path / "spread", dataclasses.replace(SMALL, pretrain_style="spread"), seed=2)
+    plain, spread = tree_digest(tmp_path / "plain"), tree_digest(tmp_path / "spread")
+    images = [name for name in plain if name.startswith("pretrain/images/")]
+    assert len(images) == SMALL.pretrain
+    assert sum(plain[name] != spread[name] for name in images) == SMALL.pretrain  # every image redrawn
+    assert all(plain[name] == spread[name] for name in plain if name not in images)  # captions and tasks alike
+    with pytest.raises(InputError, match="unknown pretraining style 'noir'"):
+        write_world(tmp_path / "noir", dataclasses.replace(SMALL, pretrain_style="noir"))
+
+
+def test_the_spread_of_styles_stops_short_of_the_downstream_shift_on_every_axis():
+    rng = random.Random(0)
+    styles = [spread_style(rng) for _ in range(500)]
+    assert all(max(s.grey) < min(SHIFTED.grey) and s.wash < SHIFTED.wash and s.stroke < SHIFTED.stroke for s in styles)
+    washes = [s.wash for s in styles]  # and it is a spread: from plain's unwashed colours to well past them
+    assert min(washes) < 0.01 and max(washes) > 0.25 and min(styles[0].grey) < min(PLAIN.grey)
 
 
 def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_path):

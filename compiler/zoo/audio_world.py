@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ..errors import InputError
 from .world import WorldSize
 
 SECONDS = 1.0
@@ -122,6 +123,8 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     """root/pretrain/{clips/*.wav, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
     train/<class>/, test/<class>/}. Returns task name -> task file. With `size.pretrain == 0`
     only the task splits are written, byte for byte those of any larger world."""
+    if size.pretrain_style != "plain":  # the image world's styles have no meaning for clips
+        raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
     rng = random.Random(f"audio/{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):

@@ -56,7 +56,10 @@ def read_index(root: Path) -> dict:
     path = Path(root) / INDEX
     if not path.is_file():
         return {}
-    return json.loads(path.read_text())
+    index = json.loads(path.read_text())
+    if "world" in index:  # written before worlds had a pretraining style: theirs was plain
+        index["world"].setdefault("pretrain_style", "plain")
+    return index
 
 
 def built_index(root: Path) -> dict:

@@ -7,10 +7,11 @@ digit out of a cluttered scene (in two builds its class prompts collapsed on 3 o
 and a rank-4 fine-tune of zoo:clip on it reached 25% against chance 10%), and a text tower
 cannot tell apart classes its image tower never separated. The digit stays in scenes and captions, as details a
 model cannot resolve stay in real ones; where it sits (quadrant) is a task.
-Pretraining sees captions of scenes in the *plain* style; downstream task splits (probes,
-fine-tuning, held-out test) are drawn in a *shifted* style never seen in pretraining (a
-brighter, lower-contrast palette and a thicker stroke), as EuroSAT or GTSRB are a shift for
-web-trained CLIPs: that is what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md).
+Pretraining sees captions of scenes in the *plain* style, or in a *spread* of styles short of
+the shift (`WorldSize.pretrain_style`); downstream task splits (probes, fine-tuning, held-out
+test) are drawn in a *shifted* style never seen in pretraining (a brighter, lower-contrast
+palette and a thicker stroke), as EuroSAT or GTSRB are a shift for web-trained CLIPs: that is
+what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md).
 
 Everything is a pure function of the seed. Digit images are split once: the first part of
 scikit-learn's bundled digits feeds pretraining and train splits, the last part only the
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from ..errors import InputError
 
 SIZE = 32
 # Four outlines that stay apart at 4-7 px (a ring and a diamond read as a circle and a square).
@@ -117,6 +120,17 @@ class Style:
 
 PLAIN = Style(grey=(0.25, 0.45), wash=0.0, stroke=1)
 SHIFTED = Style(grey=(0.55, 0.7), wash=0.45, stroke=2)  # brighter, washed out, thick: never in pretraining
+# A spread of styles for pretraining that stops short of the shift on every axis: backgrounds up
+# to 0.5 grey (the shift's are 0.55-0.7), up to 30% light grey mixed in (its 45%), thin strokes.
+# Web-trained CLIPs see every style; this lets the zoo's members read a shifted task's attribute
+# without ever seeing the shift (benchmarks/style_pilot.py measured it on the train split).
+SPREAD_GREY = (0.15, 0.5)
+SPREAD_WASH = 0.3
+PRETRAIN_STYLES = ("plain", "spread")
+
+
+def spread_style(rng: random.Random) -> Style:
+    return Style(grey=SPREAD_GREY, wash=rng.uniform(0.0, SPREAD_WASH), stroke=1)
 
 
 def task_style(task: str) -> Style:
@@ -187,10 +201,11 @@ def caption(scene: Scene, rng: random.Random, template_share: float = 0.3) -> st
 
 @dataclass(frozen=True)
 class WorldSize:
-    pretrain: int = 20000   # captioned plain-style images
+    pretrain: int = 20000   # captioned pretraining images
     probes: int = 400       # unlabelled shifted-style probes per task
     train: int = 40         # labelled shifted-style fine-tuning images per class
     test: int = 60          # held-out labelled images per class, never fitted on
+    pretrain_style: str = "plain"  # how the pretraining images are drawn: PRETRAIN_STYLES
 
 
 def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
@@ -205,6 +220,8 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
     from PIL import Image
 
+    if size.pretrain_style not in PRETRAIN_STYLES:
+        raise InputError(f"unknown pretraining style {size.pretrain_style!r}", f"styles: {', '.join(PRETRAIN_STYLES)}")
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
 
@@ -214,11 +231,14 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
     # One random stream per part: the task splits are the same whether or not (and however
     # large) a pretraining corpus is written, so a committed zoo's splits can be regenerated.
-    rng = random.Random(f"{seed}/pretrain")
+    # The styles have a stream of their own (render draws the same numbers in every style), so a
+    # spread corpus holds exactly the plain corpus's scenes and captions, drawn differently.
+    rng, styles = random.Random(f"{seed}/pretrain"), random.Random(f"{seed}/pretrain-style")
     lines = []
     for i in range(size.pretrain):
         scene = sample_scene(rng, fit_pool, targets)
-        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", PLAIN)
+        style = PLAIN if size.pretrain_style == "plain" else spread_style(styles)
+        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", style)
         lines.append(json.dumps({INPUT_KEY: f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
