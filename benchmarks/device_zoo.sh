@@ -28,7 +28,7 @@ out=${OUT:-/tmp/ptc-device-out}
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-ptc() { python3 -m compiler.cli "$@"; }
+ptc() { python3 -m compiler.cli "$@"; }  # `timeout` cannot run a function: the timed calls spell it out
 left() { echo $((budget - (SECONDS - start))); }
 say() { echo "[$((SECONDS - start))s] $*"; }
 
@@ -43,7 +43,7 @@ builds=()
 for m in $members; do  # each in a zoo of its own: parallel builds cannot race on one zoo.json
     say "build $m -> $work/zoo-$m"
     OMP_NUM_THREADS=$threads timeout $(( $(left) - 40 )) \
-        ptc zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m" > "$work/build-$m.log" 2>&1 &
+        python3 -m compiler.cli zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m" > "$work/build-$m.log" 2>&1 &
     builds+=($!)
 done
 wait "${builds[@]}"  # not a bare `wait`: that also waits for the log's tee, which never ends
@@ -67,12 +67,12 @@ say "merged zoo packed: $(ls "$out" | tr '\n' ' ')"
 
 if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
     say "bench --quick"
-    timeout $(( $(left) - 100 )) ptc bench --quick --out "$out/bench-quick.json"
+    timeout $(( $(left) - 100 )) python3 -m compiler.cli bench --quick --out "$out/bench-quick.json"
 fi
 if [ "$(left)" -gt 90 ]; then
     say "paper on the merged zoo"
     mkdir -p "$work/paper"
-    OMP_NUM_THREADS=$(nproc) timeout $(( $(left) - 20 )) ptc paper --profile "$profile" --root "$merged" --out "$work/paper" \
+    OMP_NUM_THREADS=$(nproc) timeout $(( $(left) - 20 )) python3 -m compiler.cli paper --profile "$profile" --root "$merged" --out "$work/paper" \
         --split "${SPLIT:-test}" > "$work/paper/paper.log" 2>&1; (cd "$work" && tar -cf "$out/paper.tar" paper)
     tail -30 "$work/paper/paper.log"
 fi
