@@ -94,6 +94,37 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
     assert tree_digest(copy / "bank" / "descriptors") == tree_digest(zoo / "bank" / "descriptors")
 
 
+def test_a_build_stopped_mid_way_keeps_the_record_of_every_source_it_finished(zoo, tmp_path, monkeypatch):
+    """A device run's build killed by its time limit once lost the records (fine-tuning figures)
+    of sources whose adapters were on disk: the index is now written after each source."""
+    from compiler.zoo import build
+
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo, copy)
+    member, task = TINY.members[0].name, TINY.source_tasks[0]
+    index = read_index(copy)
+    keys = [f"{task}-s{seed}" for seed in TINY.seeds]
+    for key, seed in zip(keys, TINY.seeds):
+        shutil.rmtree(copy / "sources" / member / key)
+        (copy / "bank" / "descriptors" / task / f"{member}-s{seed}.safetensors").unlink()
+        del index["members"][member]["sources"][key]
+    (copy / "zoo.json").write_text(json.dumps(index))
+    real, calls = build.finetune_lora, []
+
+    def stopped_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "finetune_lora", stopped_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        build_zoo(copy, TINY, echo=lambda _: None)
+    sources = read_index(copy)["members"][member]["sources"]
+    assert sources[keys[0]] == read_index(zoo)["members"][member]["sources"][keys[0]]  # figures included
+    assert keys[1] not in sources
+
+
 def _without_member(root, name: str) -> None:
     shutil.rmtree(root / "models" / name)
     shutil.rmtree(root / "sources" / name)

@@ -137,8 +137,11 @@ def _descriptor_current(bank: Bank, task: str, descriptor_id: str) -> bool:
             and "source_affinity" in bank.descriptor(task, descriptor_id).tensors)
 
 
-def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo) -> None:
-    """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones."""
+def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo,
+             save: Callable[[], None]) -> None:
+    """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones.
+    `save` writes the index after each source: a build stopped mid-way keeps every finished
+    source's record (its fine-tuning figures exist nowhere else)."""
     plan = [(t, profile.seeds) for t in profile.source_tasks] + [(t, profile.seeds[:1])
                                                                   for t in profile.in_distribution_tasks]
     for task_name, seeds in plan:
@@ -164,6 +167,7 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
                              finetuned_zero_shot=round(result["accuracy"], 4))
                 gain = entry["finetuned_zero_shot"] - record["quality"][task_name]["zero_shot"]
                 echo(f"  {member.name} {key}: fine-tuned {entry['finetuned_zero_shot']:.3f} ({gain:+.3f})")
+            save()
 
 
 def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
@@ -219,8 +223,8 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
         if missing:
             record.setdefault("quality", {}).update(member_quality(encoder, bank, files, missing))
             write_json_atomic(root / INDEX, index)
-        _sources(member, encoder, profile, root, bank, files, record, echo)
-        write_json_atomic(root / INDEX, index)
+        _sources(member, encoder, profile, root, bank, files, record, echo,
+                 save=lambda: write_json_atomic(root / INDEX, index))
     return index
 
 
