@@ -13,6 +13,8 @@ zero-shot accuracy and a labelled linear probe (cross-validated) per task.
     python3 -m benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread] [--seed 0]
 
 Two --style runs side by side (one thread each, 2,500 steps) took 11 minutes for clip and 19 for vit on 2 cores.
+The whole zoo pretrained in the spread (`WorldSize.pretrain_style`) read more but transferred
+less: results/trials/README.md.
 """
 
 from __future__ import annotations

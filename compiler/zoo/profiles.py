@@ -79,7 +79,9 @@ FULL = Profile(
         # agreement fell below different-task, and the README demo turned destructive. (Those
         # figures are at ridge 0.001; `ptc paper` now chooses 1e-4 on train: 0.44.) The next
         # lever is what the embeddings encode linearly (`ptc paper`'s headroom table), and
-        # benchmarks/style_pilot.py measures one fair way to raise it.
+        # benchmarks/style_pilot.py measures one fair way to raise it. A whole zoo pretrained that
+        # way (pretrain_style="spread") was built and judged on train: retention 0.24 against 0.41
+        # for a plain zoo built alike, so the world stays plain (results/trials/README.md).
         Member("clip", "hf", "hf_clip:build_tiny", {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4},
                pretrain={"steps": 6000}),
         Member("siglip", "hf", "hf_siglip:build_tiny", {"width": 80, "layers": 4, "heads": 4, "patch_size": 4},
