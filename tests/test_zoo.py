@@ -377,6 +377,9 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
 
 
 def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eval(zoo, results):
+    from compiler.descriptor import class_embeddings, normalise
+    from compiler.embed import embed_probe_files
+    from compiler.labelled import labelled_files
     from compiler.zoo import headroom
 
     room = results["headroom"]
@@ -390,6 +393,17 @@ def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eva
         for key, encoder in (("finetuned", tuned), ("zero_shot", harness.encoder(cell["target"]))):
             assert cell[key] == pytest.approx(100 * zero_shot_accuracy(encoder, record, folder, progress=False)["accuracy"],
                                               abs=1e-4)
+        # The half step, from each encoder's own class prompts and embeddings of the split's files.
+        pairs = labelled_files(folder, record.classes)
+        labels = torch.tensor([label for _, label in pairs])
+
+        def affinities(encoder):
+            rows = class_embeddings(encoder.embed_prompts(record.prompts).double(), len(record.classes))
+            return normalise(embed_probe_files(encoder, [p for p, _ in pairs], 16, "", False).double()) @ rows.T
+
+        before, after = affinities(harness.encoder(cell["target"])), affinities(tuned)
+        half = float(((before + 0.5 * (after - before)).argmax(dim=1) == labels).double().mean())
+        assert cell["half_step"] == pytest.approx(100 * half, abs=1e-4)
     assert set(room["mean"]) == set(headroom.COLUMNS) and set(room["per_target"]) == {m.name for m in TINY.members}
     first = room["per_target"][room["cells"][0]["target"]]["zero_shot"]
     mine = [c["zero_shot"] for c in room["cells"] if c["target"] == room["cells"][0]["target"]]
