@@ -386,7 +386,7 @@ def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eva
     assert room["split"] == "train" and room["ridge"] == results["ridge"]
     assert len(room["cells"]) == len(TINY.members) * len(TINY.source_tasks)
     harness = paper.Zoo(zoo, split="train")
-    for cell in room["cells"][:2]:
+    for cell in room["cells"]:  # every cell: the tiny sources move few predictions, and not in each cell
         record, folder = harness.bank.task(cell["task"]), harness.test_dir(cell["task"])
         assert folder.name == "train"
         tuned = harness.encoder(cell["target"]).with_adapter(harness.adapter(cell["target"], cell["task"], room["seed"]))
