@@ -140,8 +140,8 @@ def _descriptor_current(bank: Bank, task: str, descriptor_id: str) -> bool:
 def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, files, record: dict, echo,
              save: Callable[[], None]) -> None:
     """Fine-tune one source per (task, seed) and store its descriptor; skip finished ones.
-    `save` writes the index after each source: a build stopped mid-way keeps every finished
-    source's record (its fine-tuning figures exist nowhere else)."""
+    `save` writes the index after each source it records: a build stopped mid-way keeps every
+    finished source's record (its fine-tuning figures exist nowhere else)."""
     plan = [(t, profile.seeds) for t in profile.source_tasks] + [(t, profile.seeds[:1])
                                                                   for t in profile.in_distribution_tasks]
     for task_name, seeds in plan:
@@ -149,6 +149,7 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
         for seed in seeds:
             key = f"{task_name}-s{seed}"
             entry = record.setdefault("sources", {}).setdefault(key, {})
+            recorded = dict(entry)
             adapter = root / "sources" / member.name / key
             descriptor_id = f"{member.name}-s{seed}"
             if not (adapter / "adapter_config.json").is_file():
@@ -167,7 +168,8 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
                              finetuned_zero_shot=round(result["accuracy"], 4))
                 gain = entry["finetuned_zero_shot"] - record["quality"][task_name]["zero_shot"]
                 echo(f"  {member.name} {key}: fine-tuned {entry['finetuned_zero_shot']:.3f} ({gain:+.3f})")
-            save()
+            if entry != recorded:
+                save()
 
 
 def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
@@ -225,6 +227,7 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
             write_json_atomic(root / INDEX, index)
         _sources(member, encoder, profile, root, bank, files, record, echo,
                  save=lambda: write_json_atomic(root / INDEX, index))
+        write_json_atomic(root / INDEX, index)  # the profile's fields too, when no source changed
     return index
 
 
