@@ -96,7 +96,7 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
 
 def test_a_build_stopped_mid_way_keeps_the_record_of_every_source_it_finished(zoo, tmp_path, monkeypatch):
     """A device run's build killed by its time limit once lost the records (fine-tuning figures)
-    of sources whose adapters were on disk: the index is now written after each source."""
+    of sources whose adapters were on disk: the index is now written after each source it records."""
     from compiler.zoo import build
 
     copy = tmp_path / "zoo"

@@ -332,18 +332,22 @@ def agreement(zoo: Zoo, seed: int) -> dict:
                 crossed = task_descriptor(moved, grid.inputs, grid.class_rows)
                 pairs_different.append((crossed, zoo.descriptor(other, member, seed)))
     same, different = [cosine(a, b) for a, b in pairs_same], [cosine(a, b) for a, b in pairs_different]
-    by_row = {name: [v for v in (cosine(centred(a), centred(b)) for a, b in pairs) if v == v]
-               for name, pairs in (("same", pairs_same), ("different", pairs_different))}
+    centred_by_task = {task: _centred_cosines(pairs) for task, pairs in same_by_task.items()}
+    by_row = {"same": [v for values in centred_by_task.values() for v in values],
+              "different": _centred_cosines(pairs_different)}
     return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
             "same_task_spread": _spread(same), "different_task_spread": _spread(different),
             "same_task_cosine_centred": _mean(by_row["same"]),
             # Per task, over member pairs: which tasks' fine-tunes agree across members.
-            "same_task_cosine_centred_by_task": {
-                task: _spread(v for v in (cosine(centred(a), centred(b)) for a, b in pairs) if v == v)
-                for task, pairs in same_by_task.items()},
+            "same_task_cosine_centred_by_task": {task: _spread(values) for task, values in centred_by_task.items()},
             "different_task_cosine_centred": _mean(by_row["different"]),
             "centred_pairs": {"same": len(by_row["same"]), "different": len(by_row["different"]),
                               "left_out": len(same) + len(different) - len(by_row["same"]) - len(by_row["different"])}}
+
+
+def _centred_cosines(pairs) -> list[float]:
+    """Row-centred cosine of each pair; a pair with no class-discriminative part (NaN) is left out."""
+    return [v for v in (cosine(centred(a), centred(b)) for a, b in pairs) if v == v]
 
 
 def linearity(zoo: Zoo, seed: int) -> dict:
