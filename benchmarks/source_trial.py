@@ -1,12 +1,14 @@
-"""A zoo trial that keeps the members and fine-tunes every source again with other settings,
+"""A zoo trial that keeps the members and fine-tunes sources again with other settings or code,
 judged by `ptc paper`'s report on the labelled TRAIN split (never test).
 
-The zoo is copied without its sources and descriptors (the pretrained members, the world and
-the bank's cached grid embeddings are kept), its sources are rebuilt by `ptc zoo build`'s own
-code with the profile's fine-tuning settings replaced, and the train-split report is written as
-OUT/NAME-train.{md,json,png}. Compare it with results/paper-full-train.md.
+The zoo is copied without the named members' sources and descriptors (every member by default;
+the pretrained members, the world, the bank's cached grid embeddings and the other members'
+sources are kept), those sources are rebuilt by `ptc zoo build`'s own code (with the checkout's
+fine-tuning code, and the profile's step count replaced by --steps), and the train-split report
+is written as OUT/NAME-train.{md,json,png}. Compare it with results/paper-full-train.md.
 
-    python3 -m benchmarks.source_trial --steps 50 [--zoo zoo] [--work /tmp/source-trial] [--out results/trials]
+    python3 -m benchmarks.source_trial --steps 50 [--members resnet] [--name NAME] [--zoo zoo]
+                                       [--work /tmp/source-trial] [--out results/trials]
 
 About 7 minutes at 50 steps and 22 at 300 for the full zoo's 84 sources on 2 cores.
 """
@@ -22,20 +24,27 @@ from compiler.fsio import write_json_atomic
 from compiler.zoo import paper, report
 from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
 
-# Not copied, by folder: what the trial rebuilds (sources, descriptors and the operators solved
-# from them), and what it does not need (the audio zoo, the pretraining corpus).
-LEFT_OUT = {".": ("sources", "audio"), "bank": ("descriptors", "operators"), "world": ("pretrain",)}
+# Not copied, by folder: what the trial does not need (the audio zoo, the pretraining corpus)
+# and the operators, solved from descriptors, some of which it rebuilds.
+LEFT_OUT = {".": ("audio",), "bank": ("operators",), "world": ("pretrain",)}
 
 
-def copy_without_sources(zoo: Path, work: Path) -> None:
+def copy_without_sources(zoo: Path, work: Path, members: list[str]) -> None:
+    """Copy the zoo, leaving out `members`' sources, their descriptors (`NAME-sSEED` in every
+    task's folder) and their source records."""
     def ignored(folder: str, names: list[str]) -> list[str]:
-        skip = LEFT_OUT.get(Path(folder).relative_to(zoo).as_posix(), ())
+        where = Path(folder).relative_to(zoo)
+        skip = set(LEFT_OUT.get(where.as_posix(), ()))
+        if where.as_posix() == "sources":
+            skip.update(members)
+        if where.parent.as_posix() == "bank/descriptors":
+            skip.update(name for name in names if name.rsplit("-s", 1)[0] in members)
         return [name for name in names if name in skip]
 
     shutil.copytree(zoo, work, ignore=ignored)
     index = read_index(work)
-    for record in index["members"].values():
-        record.pop("sources", None)
+    for name in members:
+        index["members"][name].pop("sources", None)
     write_json_atomic(work / INDEX, index)
 
 
@@ -45,15 +54,21 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/source-trial"))
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
     parser.add_argument("--steps", type=int, required=True, help="fine-tuning steps per source")
+    parser.add_argument("--members", nargs="+", help="whose sources to rebuild (default: every member's)")
+    parser.add_argument("--name", help="the report's name (default: finetune-steps-STEPS)")
     args = parser.parse_args()
     index = read_index(args.zoo)
+    members = args.members or list(index["members"])
+    unknown = sorted(set(members) - set(index["members"]))
+    if unknown:
+        raise SystemExit(f"{args.zoo}: no member {', '.join(unknown)} (members: {', '.join(index['members'])})")
     profile = dataclasses.replace(profile_named(index["profile"]), finetune_steps=args.steps)
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
-    copy_without_sources(args.zoo, args.work)
+    copy_without_sources(args.zoo, args.work, members)
     build_zoo(args.work, profile, echo=print)
     results = paper.run(args.work, echo=print, split="train")
-    for path in report.write(results, args.out, f"finetune-steps-{args.steps}-train"):
+    for path in report.write(results, args.out, f"{args.name or f'finetune-steps-{args.steps}'}-train"):
         print(f"written: {path}")
     for line in report.findings(results):
         print(line)
