@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -154,13 +154,10 @@ class OpenClip:
         return OpenClip(merged, self.config, self.preprocess, self.tokenizer, self.ref + suffix)
 
     def trainable(self) -> torch.nn.Module:
-        return _swap_pools(copy.deepcopy(self.model).eval(), _module_calling_pool())
+        return copy.deepcopy(self.model).eval()
 
     def with_module(self, module: torch.nn.Module) -> "OpenClip":
-        from open_clip.modified_resnet import AttentionPool2d
-
-        module = _swap_pools(module.eval(), AttentionPool2d)  # what open_clip saves, loads and exports
-        return OpenClip(module, self.config, self.preprocess, self.tokenizer, self.ref + "+trained")
+        return OpenClip(module.eval(), self.config, self.preprocess, self.tokenizer, self.ref + "+trained")
 
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return module.encode_image(batch["pixel_values"])
@@ -204,40 +201,6 @@ class OpenClip:
         return "open_clip:local-dir"
 
 
-@cache
-def _module_calling_pool() -> type:
-    """open_clip's ModifiedResNet attention pool, with its arithmetic, but calling q_proj, k_proj,
-    v_proj and c_proj as modules. The original hands their weights to
-    F.multi_head_attention_forward, which bypasses a peft wrapper around any of them, so a LoRA
-    on the pool's q and v would train nothing."""
-    from open_clip.modified_resnet import AttentionPool2d
-
-    def forward(self, x):
-        batch, width = x.shape[:2]
-        tokens = x.reshape(batch, width, -1).transpose(1, 2)  # NCHW -> N(HW)C
-        tokens = torch.cat([tokens.mean(dim=1, keepdim=True), tokens], dim=1) + self.positional_embedding.to(x.dtype)
-
-        def heads(t):  # N L C -> N heads L C/heads
-            return t.reshape(batch, t.shape[1], self.num_heads, width // self.num_heads).transpose(1, 2)
-
-        # Only the mean token's output is the embedding, so only its query is needed.
-        pooled = torch.nn.functional.scaled_dot_product_attention(
-            heads(self.q_proj(tokens[:, :1])), heads(self.k_proj(tokens)), heads(self.v_proj(tokens)))
-        return self.c_proj(pooled.transpose(1, 2).reshape(batch, width))
-
-    return type("ModuleCallingAttentionPool2d", (AttentionPool2d,), {"forward": forward})
-
-
-def _swap_pools(model: torch.nn.Module, pool_class: type) -> torch.nn.Module:
-    """Re-class every ModifiedResNet attention pool in place (same parameters, same arithmetic)."""
-    from open_clip.modified_resnet import AttentionPool2d
-
-    for module in model.modules():
-        if isinstance(module, AttentionPool2d):
-            module.__class__ = pool_class
-    return model
-
-
 def _lora_targets(model) -> dict:
     """What a LoRA adapts in this image tower. A ViT's attention is nn.MultiheadAttention with
     one fused in_proj_weight (q, k and v stacked), so peft adapts that parameter whole: a rank-r
@@ -257,7 +220,7 @@ def _lora_targets(model) -> dict:
         return {"target_modules": r".*visual\.trunk\..*\.attn\.(q_proj|v_proj)"}
     if any(name.startswith("visual.trunk.") and name.endswith(".attn.proj") for name in names):
         return {"target_modules": r".*visual\.trunk\..*\.attn\.proj"}
-    return {"target_modules": r".*visual\.attnpool\.(q_proj|v_proj)"}
+    return {"target_modules": r".*visual\.layer4\..*\.conv[123]"}
 
 
 def _get(module, path: str):

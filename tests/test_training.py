@@ -98,12 +98,13 @@ def _perturb_lora(module, seed: int = 0) -> None:
 def test_lora_on_open_clip_towers_trains_the_image_tower_only_and_merges_exactly(family, tmp_path):
     build, size = BUILDERS[family]
     encoder = targets.load(build(tmp_path / "m"))
+    if family == "open_clip-resnet":  # open_clip zero-initialises bn3: a fresh tower's residual branches are off
+        for name, parameter in encoder.model.named_parameters():
+            if name.endswith("bn3.weight"):
+                parameter.data.fill_(1.0)
     module = attach_lora(encoder, rank=4, alpha=8, seed=0, device=torch.device("cpu"))
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     assert trainable and all(".visual." in n and "lora_" in n for n in trainable)
-    if family == "open_clip-resnet":  # the paper's q/v, in the tower's one attention: its pool
-        assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {"q_proj", "v_proj"}
-        assert all(".attnpool." in n for n in trainable)
     _perturb_lora(module)
     pixels = _pixels(size, 2)
     live = encoder.embed_with(module, pixels).detach()
@@ -126,27 +127,3 @@ def test_an_adapter_merged_at_half_strength_moves_the_weights_half_way(tmp_path)
     assert moved and all("q_proj" in k or "v_proj" in k for k in moved)
     for key in moved:
         assert torch.allclose(half[key] - base[key], 0.5 * (full[key] - base[key]), atol=1e-6)
-
-
-def test_a_resnet_trains_through_a_pool_with_open_clips_arithmetic_and_is_handed_back_as_open_clips(tmp_path):
-    """The trainable copy's attention pool calls its projections as modules (so a LoRA on them is
-    in the path); it must compute what open_clip's pool computes, and a trained module must come
-    back with open_clip's own pool, which is what is saved, reloaded and exported."""
-    from open_clip.modified_resnet import AttentionPool2d
-
-    encoder = targets.load(f"open_clip:local-dir:{openclip.build_tiny_resnet(tmp_path / 'm')}")
-    for name, parameter in encoder.model.named_parameters():  # fresh towers zero bn3: make every branch count
-        if name.endswith("bn3.weight"):
-            parameter.data.fill_(1.0)
-    module = encoder.trainable()
-    pool = module.visual.attnpool
-    assert isinstance(pool, AttentionPool2d) and type(pool) is not AttentionPool2d
-    pixels = _pixels(64, 4)
-    with torch.no_grad():
-        expected = encoder.embed_inputs(pixels)
-        got = encoder.embed_with(module, pixels)
-    assert expected.abs().max() > 0.1 and torch.allclose(got, expected, atol=1e-5)
-    handed_back = encoder.with_module(module)
-    assert type(handed_back.model.visual.attnpool) is AttentionPool2d
-    assert torch.allclose(handed_back.embed_inputs(pixels), expected, atol=1e-6)
-    assert type(encoder.model.visual.attnpool) is AttentionPool2d  # the loaded model is never re-classed
