@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 
 import torch
@@ -22,6 +22,15 @@ from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold
                    open_images)
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
+# Small timm towers (the zoo's EVA02, as EVA-CLIP). A timm name fixes an architecture's size and
+# open_clip's config passes a timm tower no size arguments, so these are registered with timm
+# under names of ptc's own; a checkpoint naming one loads wherever this module is imported.
+# Separate q/k/v projections (qkv_fused off) put the paper's q/v LoRA on real modules.
+TIMM_TOWERS = {
+    "ptc_eva02_w64_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4,
+                               "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
+                               "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)},
+}
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
 PROJECTIONS = ("visual.proj", "visual.attnpool.c_proj", "visual.head.proj", "visual.trunk.head")
 
@@ -97,6 +106,7 @@ class OpenClip:
 
         config, weights, _ = _resolve(rest, base_dir)
         model_cfg = config["model_cfg"]
+        _register_timm_towers()
         try:
             model = open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg else open_clip.CustomTextCLIP(**model_cfg)
             missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
@@ -241,6 +251,7 @@ def save_tiny(folder: Path, model_cfg: dict, seed: int) -> Path:
     import open_clip
     from safetensors.torch import save_file
 
+    _register_timm_towers()
     torch.manual_seed(seed)
     model = open_clip.CLIP(**model_cfg).eval()
     folder.mkdir(parents=True, exist_ok=True)
@@ -275,6 +286,33 @@ def build_tiny_timm(folder: Path, *, timm_model: str = "eva02_tiny_patch14_224",
               "timm_proj": "linear", "image_size": 224}
     return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
                               "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed)
+
+
+def build_tiny_eva(folder: Path, *, tower: str = "ptc_eva02_w64_d4_p4_32", embed_dim: int = 72,
+                   text_width: int = 64, text_layers: int = 4, heads: int = 4, context_length: int = 24,
+                   seed: int = 0) -> Path:
+    """An open_clip CLIP with one of TIMM_TOWERS (an EVA02) as its image tower, class-token pooled,
+    with a linear head projection (the edit site, `visual.head.proj`)."""
+    vision = {"timm_model_name": tower, "timm_model_pretrained": False, "timm_pool": "token",
+              "timm_proj": "linear", "image_size": TIMM_TOWERS[tower]["img_size"]}
+    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
+                              "text_cfg": _text_cfg(text_width, heads, text_layers, context_length)}, seed)
+
+
+@cache
+def _register_timm_towers() -> None:
+    from timm.models import eva, register_model
+
+    def factory(name: str, size: dict):
+        def create(pretrained: bool = False, **kwargs):
+            if pretrained:
+                raise ModelError(f"timm tower {name}: ptc's own small towers have no pretrained weights")
+            return eva._create_eva("eva02_tiny_patch14_224", pretrained=False, **{**size, **kwargs})
+        create.__name__ = create.__qualname__ = name
+        return create
+
+    for name, size in TIMM_TOWERS.items():
+        register_model(factory(name, size))
 
 
 def check(rest: str, base_dir: Path) -> str:

@@ -1,0 +1,80 @@
+"""A zoo trial that replaces one member by another family, judged by `ptc paper`'s report on
+the labelled TRAIN split (never test).
+
+The zoo is copied without the replaced member (its model, sources, descriptors and record;
+the other members, their sources, the world and the bank's caches are kept), the new member is
+pretrained and fine-tuned by `ptc zoo build`'s own code with the profile's settings, and the
+train-split report is written as OUT/NAME-train.{md,json,png}. Compare it with
+results/paper-full-train.md.
+
+    python3 -m benchmarks.member_trial --replace resnet --by eva [--zoo zoo] [--work DIR] [--out results/trials]
+
+The candidate members are defined here, as they would be in the profile if kept. eva: about
+25 minutes of pretraining and 10 of fine-tuning on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+from pathlib import Path
+
+from compiler.fsio import write_json_atomic
+from compiler.zoo import paper, report
+from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
+from compiler.zoo.profiles import Member
+
+CANDIDATES = {
+    # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,
+    # separate q/v projections; the same size as zoo:vit's tower, a wider embedding (72).
+    "eva": Member("eva", "open_clip:local-dir", "openclip:build_tiny_eva", {"embed_dim": 72}, pretrain={"steps": 6000}),
+}
+
+
+def copy_without_member(zoo: Path, work: Path, name: str) -> None:
+    def ignored(folder: str, names: list[str]) -> list[str]:
+        where = Path(folder).relative_to(zoo).as_posix()
+        if where == ".":
+            return ["audio"]
+        if where in ("models", "sources"):
+            return [name] if name in names else []
+        if where == "bank":
+            return ["operators"]
+        if where.startswith("bank/descriptors/"):
+            return [n for n in names if n.rsplit("-s", 1)[0] == name]
+        return []
+
+    shutil.copytree(zoo, work, ignore=ignored)
+    index = read_index(work)
+    del index["members"][name]
+    write_json_atomic(work / INDEX, index)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", type=Path, default=Path("zoo"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/member-trial"))
+    parser.add_argument("--out", type=Path, default=Path("results/trials"))
+    parser.add_argument("--replace", required=True, help="the member left out")
+    parser.add_argument("--by", required=True, choices=sorted(CANDIDATES), help="the member built in its place")
+    args = parser.parse_args()
+    index = read_index(args.zoo)
+    if args.replace not in index["members"]:
+        raise SystemExit(f"{args.zoo}: no member {args.replace} (members: {', '.join(index['members'])})")
+    base = profile_named(index["profile"])
+    members = tuple(CANDIDATES[args.by] if m.name == args.replace else m for m in base.members)
+    profile = dataclasses.replace(base, members=members)
+    if args.work.exists():
+        raise SystemExit(f"{args.work} exists: remove it, or name another --work")
+    copy_without_member(args.zoo, args.work, args.replace)
+    build_zoo(args.work, profile, echo=print)
+    results = paper.run(args.work, echo=print, split="train")
+    for path in report.write(results, args.out, f"member-{args.by}-for-{args.replace}-train"):
+        print(f"written: {path}")
+    for line in report.findings(results):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
