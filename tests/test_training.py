@@ -19,7 +19,12 @@ BUILDERS = {
     "hf-siglip": (lambda f: f"hf:{hf_siglip.build_tiny(f, width=32)}", 32),
     "open_clip-vit": (lambda f: f"open_clip:local-dir:{openclip.build_tiny(f)}", 32),
     "open_clip-resnet": (lambda f: f"open_clip:local-dir:{openclip.build_tiny_resnet(f)}", 64),
+    "open_clip-eva": (lambda f: f"open_clip:local-dir:{_tiny_eva(f)}", 32),
 }
+
+
+def _tiny_eva(folder):
+    return openclip.build_tiny_eva(folder, embed_dim=16, text_width=32, text_layers=2, heads=2)
 CAPTIONS = ["a red circle.", "two blue squares.", "a red circle.", "the digit three at the top left.",
             "a green ring.", "on a striped background.", "four yellow crosses.", "a photo of a thing."]
 
@@ -94,7 +99,7 @@ def _perturb_lora(module, seed: int = 0) -> None:
             parameter.data.copy_(0.1 * torch.randn(parameter.shape, generator=generator))
 
 
-@pytest.mark.parametrize("family", ["open_clip-vit", "open_clip-resnet"])
+@pytest.mark.parametrize("family", ["open_clip-vit", "open_clip-resnet", "open_clip-eva"])
 def test_lora_on_open_clip_towers_trains_the_image_tower_only_and_merges_exactly(family, tmp_path):
     build, size = BUILDERS[family]
     encoder = targets.load(build(tmp_path / "m"))
@@ -105,6 +110,8 @@ def test_lora_on_open_clip_towers_trains_the_image_tower_only_and_merges_exactly
     module = attach_lora(encoder, rank=4, alpha=8, seed=0, device=torch.device("cpu"))
     trainable = [n for n, p in module.named_parameters() if p.requires_grad]
     assert trainable and all(".visual." in n and "lora_" in n for n in trainable)
+    if family == "open_clip-eva":  # separate projections: the paper's q and v, nothing else
+        assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {"q_proj", "v_proj"}
     _perturb_lora(module)
     pixels = _pixels(size, 2)
     live = encoder.embed_with(module, pixels).detach()
@@ -127,3 +134,17 @@ def test_an_adapter_merged_at_half_strength_moves_the_weights_half_way(tmp_path)
     assert moved and all("q_proj" in k or "v_proj" in k for k in moved)
     for key in moved:
         assert torch.allclose(half[key] - base[key], 0.5 * (full[key] - base[key]), atol=1e-6)
+
+
+def test_a_checkpoint_naming_ptcs_own_timm_tower_loads_in_a_fresh_process(tmp_path):
+    """open_clip builds the tower by its timm name, which only ptc registers: loading must do it."""
+    import subprocess
+    import sys
+
+    ref = f"open_clip:local-dir:{_tiny_eva(tmp_path / 'eva')}"
+    expected = targets.load(ref).embed_inputs(_pixels(32, 2))
+    code = ("import sys, torch, targets; e = targets.load(sys.argv[1]); "
+            "g = torch.Generator().manual_seed(0); "
+            "print(e.embed_inputs({'pixel_values': torch.randn(2, 3, 32, 32, generator=g)}).sum().item())")
+    result = subprocess.run([sys.executable, "-c", code, ref], capture_output=True, text=True, check=True)
+    assert float(result.stdout.strip()) == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-5)
