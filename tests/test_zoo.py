@@ -261,6 +261,20 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
         expected = cosine(centred(harness.descriptor(task, first, TINY.seeds[0])),
                           centred(harness.descriptor(task, second, TINY.seeds[0])))
         assert by_task[task]["min"] == pytest.approx(expected) == by_task[task]["max"] and by_task[task]["n"] == 1
+    # Negation per task at lambda 1, recomputed for one task from the bank (first seed): with two
+    # members each target has one cross-model cell.
+    at_one = results["negation"]["lambda_1"]
+    assert set(at_one["per_task"]) == set(TINY.source_tasks)
+    assert sum(r["removed_delta"] for r in at_one["per_task"].values()) / len(TINY.source_tasks) == pytest.approx(
+        at_one["removed_delta"])
+    task, removed, zero_shot = TINY.source_tasks[0], [], []
+    for target, source in ((first, second), (second, first)):
+        view = harness.view(target)
+        edit = view.operator(task, harness.descriptor(task, source, TINY.seeds[0]), -1.0)
+        removed.append(100 * (view.accuracy(task, edit) - view.accuracy(task)))
+        zero_shot.append(100 * view.accuracy(task))
+    assert at_one["per_task"][task]["removed_delta"] == pytest.approx(sum(removed) / 2)
+    assert at_one["per_task"][task]["zero_shot"] == pytest.approx(sum(zero_shot) / 2)
     # With two members the consensus of "all other members" is the one other source: the same
     # gains. (Compared as gains: a tiny zoo's retention is NaN where its Oracle gains nothing.)
     beyond = results["beyond"]

@@ -284,7 +284,8 @@ def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
 
 # -- negation (Table 16, Figure 2) ----------------------------------------------------------------
 def negation_sweep(zoo: Zoo, seed: int) -> dict:
-    """Removed-task and control deltas at each lambda, cross-model and Oracle descriptors."""
+    """Removed-task and control deltas at each lambda, cross-model and Oracle descriptors; at
+    lambda 1 also per task, beside the zero-shot accuracy there is to remove and chance."""
     sweep = {}
     for lam in NEGATION_LAMBDAS:
         cross, oracle = [], []
@@ -294,7 +295,9 @@ def negation_sweep(zoo: Zoo, seed: int) -> dict:
                 base = view.accuracy(task)
                 for source in zoo.members:
                     edit = view.operator(task, zoo.descriptor(task, source, seed), -lam)
-                    row = {"removed_delta": _points(view.accuracy(task, edit), base),
+                    row = {"task": task, "zero_shot": 100 * base,
+                           "chance": 100 * zoo.index["members"][target]["quality"][task]["chance"],
+                           "removed_delta": _points(view.accuracy(task, edit), base),
                            "control_delta": _control_delta(view, zoo.controls, edit)}
                     (oracle if source == target else cross).append(row)
         sweep[f"lambda_{lam:g}"] = {
@@ -303,6 +306,12 @@ def negation_sweep(zoo: Zoo, seed: int) -> dict:
             "control_delta": _mean(r["control_delta"] for r in cross),
             "oracle_removed_delta": _mean(r["removed_delta"] for r in oracle),
             "oracle_control_delta": _mean(r["control_delta"] for r in oracle), "cells": len(cross)}
+        if lam == 1:
+            sweep["lambda_1"]["per_task"] = {task: {
+                key: _mean(r[key] for r in cross if r["task"] == task)
+                for key in ("zero_shot", "chance", "removed_delta", "control_delta")}
+                | {"oracle_removed_delta": _mean(r["removed_delta"] for r in oracle if r["task"] == task)}
+                for task in zoo.source_tasks}
     return sweep
 
 

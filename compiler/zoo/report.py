@@ -85,6 +85,13 @@ def markdown(results: dict, stem: str | None = None) -> str:
     for row in neg.values():
         lines.append(f"| {row['lambda']:g} | {_f(row['removed_delta'])} | {_f(row['control_delta'])} | "
                      f"{_f(row['oracle_removed_delta'])} | {_f(row['oracle_control_delta'])} |")
+    per_task = neg.get("lambda_1", {}).get("per_task", {})
+    if per_task:
+        lines += ["", "Per task at lambda 1 (cross-model cells; the zero-shot accuracy is what there is to remove):", "",
+                  "| task | zero-shot | chance | removed | control | Oracle removed |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {task} | {_f(row['zero_shot'], 1).lstrip('+')} | {_f(row['chance'], 1).lstrip('+')} | "
+                  f"{_f(row['removed_delta'])} | {_f(row['control_delta'])} | {_f(row['oracle_removed_delta'])} |"
+                  for task, row in per_task.items()]
     lines += ["",
               f"Paper at lambda = 1: removed {paper['negation.lambda_1.removed_delta']}, control "
               f"{paper['negation.lambda_1.control_delta']}; at 0.5: removed "
