@@ -10,7 +10,7 @@
 #
 #   cat $OUT/zoo.tar.* | tar -x -C zoo       (zoo.json, models/M, sources/M, bank/descriptors)
 #
-# Environment: MEMBERS (default "vit siglip resnet"), PROFILE (full), ZOO (zoo), BUDGET
+# Environment: MEMBERS (default "vit siglip eva"), PROFILE (full), ZOO (zoo), BUDGET
 # (seconds for the whole script, default 560), THREADS (CPU threads per build, default 5),
 # BENCH (1: run the benchmark; 0: skip it), FRESH (1: a zoo whose world changed, so nothing of
 # ZOO can be kept: the first member's zoo is the base, the others are merged into it, and every
@@ -19,7 +19,7 @@
 # continues them, since builds are resumable).
 set -u
 start=$SECONDS
-members=${MEMBERS:-vit siglip resnet}
+members=${MEMBERS:-vit siglip eva}
 profile=${PROFILE:-full}
 zoo=${ZOO:-zoo}
 budget=${BUDGET:-560}
