@@ -1,8 +1,9 @@
 """Would another way of choosing the ridge transfer more? On the labelled TRAIN split only.
 
 `ptc paper` chooses the ridge by the Oracle's gain on train (`paper.choose_ridge`). This prints,
-for every candidate in `paper.RIDGES`, the Oracle's and the cross-model closed form's mean gain
-and the pooled retention, over all cells and per target, every seed pooled. A criterion that
+for every candidate in `paper.RIDGES`, the Oracle's and the cross-model closed form's mean gain,
+the pooled retention and Random-UTD's gain (a Gaussian descriptor of the Oracle's norm), over
+all cells and per target, every seed pooled. A criterion that
 picked the ridge with the best retention would reward a weak Oracle as much as a strong
 transfer; the cross-model gain is the figure a user of the tool gets.
 
@@ -21,7 +22,8 @@ from compiler.zoo.paper import RIDGES, Zoo, _mean, addition_cells, retention
 
 def gains(cells: list[dict]) -> str:
     return (f"Oracle {_mean(c['oracle_gain'] for c in cells):+6.2f}  "
-            f"cross {_mean(c['cross_model_gain'] for c in cells):+6.2f}  retention {retention(cells):6.3f}")
+            f"cross {_mean(c['cross_model_gain'] for c in cells):+6.2f}  retention {retention(cells):6.3f}  "
+            f"Random-UTD {_mean(c['random_utd_gain'] for c in cells):+6.2f}")
 
 
 def main() -> None:

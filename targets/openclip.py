@@ -301,13 +301,14 @@ def build_tiny_eva(folder: Path, *, tower: str = "ptc_eva02_w64_d4_p4_32", embed
 
 @cache
 def _register_timm_towers() -> None:
-    from timm.models import eva, register_model
+    from timm.models import build_model_with_cfg, eva, register_model
 
     def factory(name: str, size: dict):
         def create(pretrained: bool = False, **kwargs):
             if pretrained:
                 raise ModelError(f"timm tower {name}: ptc's own small towers have no pretrained weights")
-            return eva._create_eva("eva02_tiny_patch14_224", pretrained=False, **{**size, **kwargs})
+            # timm's own EVA02 recipe, with the tiny variant's metadata and these sizes.
+            return build_model_with_cfg(eva.Eva, "eva02_tiny_patch14_224", pretrained=False, **{**size, **kwargs})
         create.__name__ = create.__qualname__ = name
         return create
 

@@ -275,6 +275,8 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
         zero_shot.append(100 * view.accuracy(task))
     assert at_one["per_task"][task]["removed_delta"] == pytest.approx(sum(removed) / 2)
     assert at_one["per_task"][task]["zero_shot"] == pytest.approx(sum(zero_shot) / 2)
+    per_task_line = next(line for line in report.findings(results) if "negation at lambda 1, per task" in line)
+    assert f"{task} {-at_one['per_task'][task]['removed_delta']:.1f} of " in per_task_line
     # With two members the consensus of "all other members" is the one other source: the same
     # gains. (Compared as gains: a tiny zoo's retention is NaN where its Oracle gains nothing.)
     beyond = results["beyond"]

@@ -262,6 +262,14 @@ def _worst_source(add: dict) -> str | None:
             "report's source and target table)")
 
 
+def _negation_per_task(per_task: dict) -> str:
+    """A removal is bounded by what the task's zero-shot accuracy holds above chance (a negated
+    edit can push below chance, but a task read near chance has almost nothing to lose)."""
+    return ("diagnosis: negation at lambda 1, per task: points removed against zero-shot minus chance: " + ", ".join(
+        f"{task} {-row['removed_delta']:.1f} of {row['zero_shot'] - row['chance']:.1f}" for task, row in per_task.items())
+        + "; the pooled figure averages tasks with much and with little to remove")
+
+
 def findings(results: dict) -> list[str]:
     """Plain statements against the issue's bars, with the numbers; no tuning on test."""
     add, neg, agr, lin = results["addition"], results["negation"], results["agreement"], results["linearity"]
@@ -323,6 +331,8 @@ def findings(results: dict) -> list[str]:
     worst = _worst_source(add)
     if worst:
         lines.append(worst)
+    if at_one.get("per_task"):
+        lines.append(_negation_per_task(at_one["per_task"]))
     lines.append(_headroom(results["headroom"]))
     if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
         lines.append(f"diagnosis: the sources' own fine-tunes gain {add['finetuned_gain']:+.2f} points; the Oracle "
