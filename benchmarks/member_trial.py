@@ -30,6 +30,9 @@ CANDIDATES = {
     # separate q/v projections; the same size as zoo:vit's tower, a wider embedding (72).
     # Trialled in place of resnet and kept: it is the full profile's fourth member now.
     "eva": Member("eva", "open_clip:local-dir", "openclip:build_tiny_eva", {"embed_dim": 72}, pretrain={"steps": 6000}),
+    # zoo:clip pretrained longer (its final loss, 0.85, is the highest of the softmax members').
+    "clip-9000": Member("clip", "hf", "hf_clip:build_tiny",
+                        {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4}, pretrain={"steps": 9000}),
     # The open_clip ModifiedResNet that was the fourth member until then (`--replace eva --by resnet`).
     "resnet": Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet",
                      {"width": 20, "embed_dim": 56, "image_size": 64}, pretrain={"steps": 5000}),
