@@ -23,7 +23,7 @@ from pathlib import Path
 from compiler.fsio import write_json_atomic
 from compiler.zoo import paper, report
 from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
-from compiler.zoo.profiles import Member
+from compiler.zoo.profiles import FULL, Member
 
 CANDIDATES = {
     # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,
@@ -31,8 +31,7 @@ CANDIDATES = {
     # Trialled in place of resnet and kept: it is the full profile's fourth member now.
     "eva": Member("eva", "open_clip:local-dir", "openclip:build_tiny_eva", {"embed_dim": 72}, pretrain={"steps": 6000}),
     # zoo:clip pretrained longer (its final loss, 0.85, is the highest of the softmax members').
-    "clip-9000": Member("clip", "hf", "hf_clip:build_tiny",
-                        {"width": 64, "embed_dim": 64, "layers": 4, "heads": 4, "patch_size": 4}, pretrain={"steps": 9000}),
+    "clip-9000": dataclasses.replace(FULL.member("clip"), pretrain={"steps": 9000}),
     # The open_clip ModifiedResNet that was the fourth member until then (`--replace eva --by resnet`).
     "resnet": Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet",
                      {"width": 20, "embed_dim": 56, "image_size": 64}, pretrain={"steps": 5000}),
