@@ -2,7 +2,7 @@
 the labelled TRAIN split (never test).
 
 The zoo is copied without the replaced member (its model, sources, descriptors and record;
-the other members, their sources, the world and the bank's caches are kept), the new member is
+the other members, their sources, the world's task splits and the bank's caches are kept), the new member is
 pretrained and fine-tuned by `ptc zoo build`'s own code with the profile's settings, and the
 train-split report is written as OUT/NAME-train.{md,json,png}. Compare it with
 results/paper-full-train.md.
@@ -25,6 +25,8 @@ from compiler.zoo import paper, report
 from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
 from compiler.zoo.profiles import FULL, Member
 
+from .source_trial import copy_without_sources
+
 CANDIDATES = {
     # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,
     # separate q/v projections; the same size as zoo:vit's tower, a wider embedding (72).
@@ -39,19 +41,9 @@ CANDIDATES = {
 
 
 def copy_without_member(zoo: Path, work: Path, name: str) -> None:
-    def ignored(folder: str, names: list[str]) -> list[str]:
-        where = Path(folder).relative_to(zoo).as_posix()
-        if where == ".":
-            return ["audio"]
-        if where in ("models", "sources"):
-            return [name] if name in names else []
-        if where == "bank":
-            return ["operators"]
-        if where.startswith("bank/descriptors/"):
-            return [n for n in names if n.rsplit("-s", 1)[0] == name]
-        return []
-
-    shutil.copytree(zoo, work, ignore=ignored)
+    """source_trial's copy without the member's sources and descriptors, less its model and record."""
+    copy_without_sources(zoo, work, [name])
+    shutil.rmtree(work / "models" / name)
     index = read_index(work)
     del index["members"][name]
     write_json_atomic(work / INDEX, index)
