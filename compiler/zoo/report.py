@@ -89,7 +89,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
     if per_task:
         lines += ["", "Per task at lambda 1 (cross-model cells; the zero-shot accuracy is what there is to remove):", "",
                   "| task | zero-shot | chance | removed | control | Oracle removed |", "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {task} | {_f(row['zero_shot'], 1).lstrip('+')} | {_f(row['chance'], 1).lstrip('+')} | "
+        lines += [f"| {task} | {row['zero_shot']:.1f} | {row['chance']:.1f} | "
                   f"{_f(row['removed_delta'])} | {_f(row['control_delta'])} | {_f(row['oracle_removed_delta'])} |"
                   for task, row in per_task.items()]
     lines += ["",
