@@ -10,7 +10,7 @@ results/paper-full-train.md.
     python3 -m benchmarks.member_trial --replace resnet --by eva [--zoo zoo] [--work DIR] [--out results/trials]
 
 The candidate members are defined here, as they would be in the profile if kept. eva (kept):
-about 31 minutes of pretraining and 12 of fine-tuning on 2 cores.
+about 31 minutes of pretraining and 7 of fine-tuning on 2 cores.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import shutil
 from pathlib import Path
 
 from compiler.fsio import write_json_atomic
-from compiler.zoo import paper, report
-from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
+from compiler.zoo.build import INDEX, profile_named, read_index
 from compiler.zoo.profiles import FULL, Member
 
-from .source_trial import copy_without_sources
+from .source_trial import build_and_report, copy_without_sources, zoo_index
 
 CANDIDATES = {
     # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,
@@ -57,7 +56,7 @@ def main() -> None:
     parser.add_argument("--replace", required=True, help="the member left out")
     parser.add_argument("--by", required=True, choices=sorted(CANDIDATES), help="the member built in its place")
     args = parser.parse_args()
-    index = read_index(args.zoo)
+    index = zoo_index(args.zoo)
     if args.replace not in index["members"]:
         raise SystemExit(f"{args.zoo}: no member {args.replace} (members: {', '.join(index['members'])})")
     base = profile_named(index["profile"])
@@ -66,12 +65,7 @@ def main() -> None:
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
     copy_without_member(args.zoo, args.work, args.replace)
-    build_zoo(args.work, profile, echo=print)
-    results = paper.run(args.work, echo=print, split="train")
-    for path in report.write(results, args.out, f"member-{args.by}-for-{args.replace}-train"):
-        print(f"written: {path}")
-    for line in report.findings(results):
-        print(line)
+    build_and_report(args.work, profile, args.out, f"member-{args.by}-for-{args.replace}")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--members", nargs="+", help="whose sources to rebuild (default: every member's)")
     parser.add_argument("--name", help="the report's name (default: finetune-steps-STEPS)")
     args = parser.parse_args()
-    index = read_index(args.zoo)
+    index = zoo_index(args.zoo)
     members = args.members or list(index["members"])
     unknown = sorted(set(members) - set(index["members"]))
     if unknown:
@@ -66,9 +66,21 @@ def main() -> None:
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
     copy_without_sources(args.zoo, args.work, members)
-    build_zoo(args.work, profile, echo=print)
-    results = paper.run(args.work, echo=print, split="train")
-    for path in report.write(results, args.out, f"{args.name or f'finetune-steps-{args.steps}'}-train"):
+    build_and_report(args.work, profile, args.out, args.name or f"finetune-steps-{args.steps}")
+
+
+def zoo_index(zoo: Path) -> dict:
+    index = read_index(zoo)
+    if not index.get("members"):
+        raise SystemExit(f"{zoo}: no built zoo there (no members in {INDEX}); name one with --zoo")
+    return index
+
+
+def build_and_report(work: Path, profile, out: Path, name: str) -> None:
+    """Finish the trial zoo with `ptc zoo build`'s code and write its train-split report."""
+    build_zoo(work, profile, echo=print)
+    results = paper.run(work, echo=print, split="train")
+    for path in report.write(results, out, f"{name}-train"):
         print(f"written: {path}")
     for line in report.findings(results):
         print(line)

@@ -14,6 +14,11 @@ from compiler.lora import attach_lora
 from compiler.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
 from targets import hf_clip, hf_siglip, openclip
 
+
+def _tiny_eva(folder):
+    return openclip.build_tiny_eva(folder, embed_dim=16, text_width=32, text_layers=2, heads=2)
+
+
 BUILDERS = {
     "hf-clip": (lambda f: f"hf:{hf_clip.build_tiny(f, width=32, embed_dim=16)}", 32),
     "hf-siglip": (lambda f: f"hf:{hf_siglip.build_tiny(f, width=32)}", 32),
@@ -21,10 +26,6 @@ BUILDERS = {
     "open_clip-resnet": (lambda f: f"open_clip:local-dir:{openclip.build_tiny_resnet(f)}", 64),
     "open_clip-eva": (lambda f: f"open_clip:local-dir:{_tiny_eva(f)}", 32),
 }
-
-
-def _tiny_eva(folder):
-    return openclip.build_tiny_eva(folder, embed_dim=16, text_width=32, text_layers=2, heads=2)
 CAPTIONS = ["a red circle.", "two blue squares.", "a red circle.", "the digit three at the top left.",
             "a green ring.", "on a striped background.", "four yellow crosses.", "a photo of a thing."]
 

@@ -307,12 +307,14 @@ def negation_sweep(zoo: Zoo, seed: int) -> dict:
             "oracle_removed_delta": _mean(r["removed_delta"] for r in oracle),
             "oracle_control_delta": _mean(r["control_delta"] for r in oracle), "cells": len(cross)}
         if lam == 1:
-            sweep["lambda_1"]["per_task"] = {task: {
-                key: _mean(r[key] for r in cross if r["task"] == task)
-                for key in ("zero_shot", "chance", "removed_delta", "control_delta")}
-                | {"oracle_removed_delta": _mean(r["removed_delta"] for r in oracle if r["task"] == task)}
-                for task in zoo.source_tasks}
+            sweep["lambda_1"]["per_task"] = {task: _negation_of_task(task, cross, oracle) for task in zoo.source_tasks}
     return sweep
+
+
+def _negation_of_task(task: str, cross: list[dict], oracle: list[dict]) -> dict:
+    mine = [r for r in cross if r["task"] == task]
+    row = {key: _mean(r[key] for r in mine) for key in ("zero_shot", "chance", "removed_delta", "control_delta")}
+    return {**row, "oracle_removed_delta": _mean(r["removed_delta"] for r in oracle if r["task"] == task)}
 
 
 # -- agreement, linearity, scaling ----------------------------------------------------------------

@@ -265,9 +265,12 @@ def _worst_source(add: dict) -> str | None:
 def _negation_per_task(per_task: dict) -> str:
     """A removal is bounded by what the task's zero-shot accuracy holds above chance (a negated
     edit can push below chance, but a task read near chance has almost nothing to lose)."""
+    above = {task: row["zero_shot"] - row["chance"] for task, row in per_task.items()}
+    removed = {task: -row["removed_delta"] for task, row in per_task.items()}
     return ("diagnosis: negation at lambda 1, per task: points removed against zero-shot minus chance: " + ", ".join(
-        f"{task} {-row['removed_delta']:.1f} of {row['zero_shot'] - row['chance']:.1f}" for task, row in per_task.items())
-        + "; the pooled figure averages tasks with much and with little to remove")
+        f"{task} {removed[task]:.1f} of {above[task]:.1f}" for task in per_task)
+        + f"; mean {sum(removed.values()) / len(removed):.1f} of {sum(above.values()) / len(above):.1f} (the pooled "
+        "figure averages tasks with much and with little to remove)")
 
 
 def findings(results: dict) -> list[str]:
