@@ -1,6 +1,7 @@
 """Would another way of choosing the ridge transfer more? On the labelled TRAIN split only.
 
-`ptc paper` chooses the ridge by the Oracle's gain on train (`paper.choose_ridge`). This prints,
+`ptc paper` chooses the ridge by the Oracle's gain on train among the ridges whose Random-UTD stays
+within +-1 point there (`paper.choose_ridge`). This prints,
 for every candidate in `paper.RIDGES`, the Oracle's and the cross-model closed form's mean gain,
 the pooled retention and Random-UTD's gain (a Gaussian descriptor of the Oracle's norm), over
 all cells and per target, every seed pooled. A criterion that

@@ -256,6 +256,7 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
     # Per task, over member pairs (a two-member zoo has one pair): read from the bank independently.
     from compiler.descriptor import centred, cosine
     harness, by_task = paper.Zoo(zoo), results["agreement"]["same_task_cosine_centred_by_task"]
+    harness.use_ridge(results["ridge"])
     first, second = harness.members
     for task in TINY.source_tasks:
         expected = cosine(centred(harness.descriptor(task, first, TINY.seeds[0])),
@@ -320,8 +321,36 @@ def test_ptc_paper_on_the_train_split_scores_train_and_says_so(zoo, tmp_path):
         expected = zero_shot_accuracy(train.encoder(cell["target"]), record, zoo / "world" / "tasks" / cell["task"] / "train",
                                       progress=False)["accuracy"]
         assert cell["zero_shot"] == pytest.approx(100 * expected, abs=1e-4)
+    # The ridge choice saw the same Random-UTD draws as the report: at the chosen ridge its train
+    # figure is the report's, pooled over the cells it chose on (targets that tell the classes apart).
+    quality = read_index(zoo)["members"]
+    chosen = [c for c in saved["cells"] if quality[c["target"]]["quality"][c["task"]]["distinct"]] or saved["cells"]
+    selection = saved["ridge_selection"]
+    assert selection["train_random_utd_gain"][str(saved["ridge"])] == pytest.approx(
+        sum(c["random_utd_gain"] for c in chosen) / len(chosen))
+    assert "Random-UTD is within +-1 point" in text
     with pytest.raises(ValueError, match="unknown split"):
         paper.run(zoo, echo=lambda _: None, split="probes")
+
+
+def test_the_ridge_is_the_best_oracle_among_those_that_keep_random_utd_within_its_bar(monkeypatch):
+    from types import SimpleNamespace
+
+    # Oracle gain grows as the ridge shrinks; a structureless descriptor does harm from 1e-4 on.
+    oracle = {1.0: 1.0, 0.1: 4.0, 0.01: 6.0, 1e-3: 7.0, 1e-4: 8.0, 1e-5: 7.5}
+    harm = {1.0: 0.0, 0.1: -0.2, 0.01: -0.5, 1e-3: -0.9, 1e-4: -1.6, 1e-5: -2.0}
+
+    def cells(zoo, seed, ridge):
+        yield {"target": "a", "task": "t", "oracle_gain": oracle[ridge], "random_utd_gain": harm[ridge]}
+
+    monkeypatch.setattr(paper, "own_descriptor_cells", cells)
+    zoo = SimpleNamespace(split_name="train", members=["a"], source_tasks=["t"], seeds=[0],
+                          index={"members": {"a": {"quality": {"t": {"distinct": True}}}}})
+    assert paper.choose_ridge(zoo)["ridge"] == 1e-3
+    harm.update({r: -3.0 for r in harm})  # no candidate within the bar: the largest Oracle gain
+    assert paper.choose_ridge(zoo)["ridge"] == 1e-4
+    with pytest.raises(ValueError, match="never on test"):
+        paper.choose_ridge(SimpleNamespace(**(vars(zoo) | {"split_name": "test"})))
 
 
 def _zoo_recipe(zoo, folder, evaluate):

@@ -77,8 +77,8 @@ FULL = Profile(
         # scoring and kept whatever the score: 0.46. siglip at 8,000 steps was tried next and NOT
         # kept (a choice made after scoring, said so in the README): retention 0.42, same-task
         # agreement fell below different-task, and the README demo turned destructive. (Those
-        # figures are at ridge 0.001; `ptc paper` now chooses 1e-4 on train: 0.44, and 0.45 with the
-        # 300-step sources below.) The next
+        # figures are at ridge 0.001; `ptc paper` then chose 1e-4 on train: 0.44, and 0.45 with the
+        # 300-step sources below; it now holds Random-UTD to its bar on train too.) The next
         # lever is what the embeddings encode linearly (`ptc paper`'s headroom table), and
         # benchmarks/style_pilot.py measures one fair way to raise it. A whole zoo pretrained that
         # way (pretrain_style="spread") was built and judged on train: retention 0.24 against 0.41

@@ -19,6 +19,14 @@ def _f(value, digits: int = 2) -> str:
     return f"{value:+.{digits}f}" if digits <= 2 else f"{value:.{digits}f}"
 
 
+def ridge_choice(selection: dict) -> str:
+    """The ridge choice's rule and figures in one line (the report and `ptc paper` print it)."""
+    figures = ", ".join(f"{r}: {g:+.2f} / {selection['train_random_utd_gain'][r]:+.2f}"
+                        for r, g in selection["train_oracle_gain"].items())
+    return (f"the largest Oracle gain among ridges whose Random-UTD is within "
+            f"+-{selection['random_utd_bar']:g} point (Oracle / Random-UTD gain: {figures})")
+
+
 def markdown(results: dict, stem: str | None = None) -> str:
     """The report; `stem` names its plots' files (default paper-PROFILE)."""
     stem = stem or f"paper-{results['profile']}"
@@ -29,7 +37,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
              f"Members: {', '.join(results['members'])}. Source tasks: {', '.join(results['tasks'])}; "
              f"control: {', '.join(results['control_tasks'])} (no source is ever fine-tuned on it). "
              f"Closed form at alpha = {results['alpha']}, ridge {results['ridge']:g} (chosen on the labelled train "
-             f"split by Oracle gain: {results['ridge_selection']['train_oracle_gain']}). All accuracies are on "
+             f"split: {ridge_choice(results['ridge_selection'])}). All accuracies are on "
              "held-out test splits; gains and deltas are percentage points against the target's zero-shot.",
              "",
              *_train_banner(results),
