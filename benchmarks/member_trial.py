@@ -33,6 +33,9 @@ CANDIDATES = {
     "eva": Member("eva", "open_clip:local-dir", "openclip:build_tiny_eva", {"embed_dim": 72}, pretrain={"steps": 6000}),
     # zoo:clip pretrained longer (its final loss, 0.85, is the highest of the softmax members').
     "clip-9000": dataclasses.replace(FULL.member("clip"), pretrain={"steps": 9000}),
+    # zoo:siglip pretrained longer: its sources gain least and its descriptors transfer worst both
+    # ways; at 5,000 steps its loss was still falling fast (2.29, and 1.12 at 8,000 on an earlier zoo).
+    "siglip-8000": dataclasses.replace(FULL.member("siglip"), pretrain={"steps": 8000}),
     # The open_clip ModifiedResNet that was the fourth member until then (`--replace eva --by resnet`).
     "resnet": Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet",
                      {"width": 20, "embed_dim": 56, "image_size": 64}, pretrain={"steps": 5000}),
