@@ -36,6 +36,8 @@ CANDIDATES = {
     # zoo:siglip pretrained longer: its sources gain least and its descriptors transfer worst both
     # ways; at 5,000 steps its loss was still falling fast (2.29, and 1.12 at 8,000 on an earlier zoo).
     "siglip-8000": dataclasses.replace(FULL.member("siglip"), pretrain={"steps": 8000}),
+    # zoo:siglip wider (80 -> 112), as long as before: width is the other fair lever the issue names.
+    "siglip-w112": dataclasses.replace(FULL.member("siglip"), options=FULL.member("siglip").options | {"width": 112}),
     # The open_clip ModifiedResNet that was the fourth member until then (`--replace eva --by resnet`).
     "resnet": Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet",
                      {"width": 20, "embed_dim": 56, "image_size": 64}, pretrain={"steps": 5000}),
