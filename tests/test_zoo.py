@@ -346,9 +346,13 @@ def test_the_ridge_is_the_best_oracle_among_those_that_keep_random_utd_within_it
     monkeypatch.setattr(paper, "own_descriptor_cells", cells)
     zoo = SimpleNamespace(split_name="train", members=["a"], source_tasks=["t"], seeds=[0],
                           index={"members": {"a": {"quality": {"t": {"distinct": True}}}}})
-    assert paper.choose_ridge(zoo)["ridge"] == 1e-3
-    harm.update({r: -3.0 for r in harm})  # no candidate within the bar: the largest Oracle gain
-    assert paper.choose_ridge(zoo)["ridge"] == 1e-4
+    chosen = paper.choose_ridge(zoo)
+    assert chosen["ridge"] == 1e-3
+    assert report.ridge_choice(chosen).startswith("the largest Oracle gain among ridges whose Random-UTD is within +-1 point")
+    harm.update({r: -3.0 for r in harm})  # no candidate within the bar: the largest Oracle gain, said so
+    chosen = paper.choose_ridge(zoo)
+    assert chosen["ridge"] == 1e-4
+    assert report.ridge_choice(chosen).startswith("the largest Oracle gain, since no ridge kept Random-UTD within")
     with pytest.raises(ValueError, match="never on test"):
         paper.choose_ridge(SimpleNamespace(**(vars(zoo) | {"split_name": "test"})))
 

@@ -23,8 +23,11 @@ def ridge_choice(selection: dict) -> str:
     """The ridge choice's rule and figures in one line (the report and `ptc paper` print it)."""
     figures = ", ".join(f"{r}: {g:+.2f} / {selection['train_random_utd_gain'][r]:+.2f}"
                         for r, g in selection["train_oracle_gain"].items())
-    return (f"the largest Oracle gain among ridges whose Random-UTD is within "
-            f"+-{selection['random_utd_bar']:g} point (Oracle / Random-UTD gain: {figures})")
+    bar = selection["random_utd_bar"]
+    rule = (f"the largest Oracle gain among ridges whose Random-UTD is within +-{bar:g} point"
+            if abs(selection["train_random_utd_gain"][str(selection["ridge"])]) <= bar else
+            f"the largest Oracle gain, since no ridge kept Random-UTD within +-{bar:g} point")
+    return f"{rule} (Oracle / Random-UTD gain: {figures})"
 
 
 def markdown(results: dict, stem: str | None = None) -> str:
