@@ -26,7 +26,7 @@ from pathlib import Path
 
 from compiler.fsio import write_json_atomic
 from compiler.zoo.build import build_zoo, profile_named, world_fields
-from compiler.zoo.worlds import world_module
+from compiler.zoo.worlds import ensure_task, world_module
 
 from .source_trial import build_and_report, zoo_index
 
@@ -56,6 +56,8 @@ def main() -> None:
         world_module(profile.world_kind).write_world(args.work / "world", profile.world, profile.seed,
                                                      profile.template_share)
         write_json_atomic(world_record, world_fields(profile)["world"])
+    for task in (*profile.tasks, *profile.in_distribution_tasks):  # the variants write_world leaves out
+        ensure_task(args.work / "world", profile.world_kind, profile.world, profile.seed, task)
     differ = different_split_files(args.zoo, args.work)
     if differ:
         raise SystemExit(f"{args.work}: {len(differ)} task-split files differ from {args.zoo}'s "
