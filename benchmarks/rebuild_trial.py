@@ -1,0 +1,91 @@
+"""A zoo trial that rebuilds every member with one change that acts on all of them at once (a
+larger pretraining corpus, or longer pretraining), judged by `ptc paper`'s report on the
+labelled TRAIN split (never test).
+
+Why whole rebuilds: one-member changes (longer, wider) moved that member between giving and
+taking and left the pooled retention where it was. The issue's fair levers include shared data
+and longer training, and both act on every member at once.
+
+The task splits come from streams of their own, so the trial's probes, train and test splits are
+byte for byte the committed zoo's (checked before anything trains). The build is `ptc zoo
+build`'s own code and resumable: run the same command again to continue.
+
+    python3 -m benchmarks.rebuild_trial --work DIR [--pretrain IMAGES] [--longer FACTOR]
+                                        [--zoo zoo] [--out results/trials]
+
+--pretrain sets the corpus size (the committed zoo's: 12,000 captioned images); --longer
+multiplies every member's pretraining steps. On 2 cores a rebuild takes about 2 hours at the
+committed settings, and about as much longer as the steps are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import filecmp
+from pathlib import Path
+
+from compiler.fsio import write_json_atomic
+from compiler.zoo.build import build_zoo, profile_named, world_fields
+from compiler.zoo.profiles import Profile
+from compiler.zoo.worlds import ensure_task, world_module
+
+from .source_trial import build_and_report, zoo_index
+
+
+def changed_profile(base: Profile, pretrain: int | None, longer: float) -> Profile:
+    """`base` with the corpus size and every member's pretraining steps changed."""
+    world = base.world if pretrain is None else dataclasses.replace(base.world, pretrain=pretrain)
+    members = tuple(dataclasses.replace(m, pretrain=m.pretrain | {"steps": round(longer * m.pretrain.get("steps", base.pretrain.steps))})
+                    for m in base.members)
+    return dataclasses.replace(base, world=world, members=members)
+
+
+def trial_name(pretrain: int | None, longer: float) -> str:
+    parts = ([f"corpus-{pretrain}"] if pretrain is not None else []) + ([f"longer-{longer:g}"] if longer != 1 else [])
+    return "-".join(parts) or "rebuild"
+
+
+def different_split_files(committed: Path, trial: Path) -> list[str]:
+    """Files of the committed zoo's task splits (those it holds) that the trial's world lacks or
+    writes differently."""
+    differ = []
+    for path in sorted(p for p in (committed / "world" / "tasks").rglob("*") if p.is_file()):
+        twin = trial / "world" / "tasks" / path.relative_to(committed / "world" / "tasks")
+        if not twin.is_file() or not filecmp.cmp(path, twin, shallow=False):
+            differ.append(str(path.relative_to(committed)))
+    return differ
+
+
+def write_trial_world(work: Path, profile: Profile) -> None:
+    """The world as build_zoo writes it (world.json last, so the build goes on from here),
+    with the task variants write_world leaves to ensure_task."""
+    record = work / "world" / "world.json"
+    if not record.is_file():
+        world_module(profile.world_kind).write_world(work / "world", profile.world, profile.seed, profile.template_share)
+        write_json_atomic(record, world_fields(profile)["world"])
+    for task in (*profile.tasks, *profile.in_distribution_tasks):
+        ensure_task(work / "world", profile.world_kind, profile.world, profile.seed, task)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", type=Path, default=Path("zoo"), help="the committed zoo, for its profile and splits")
+    parser.add_argument("--work", type=Path, required=True, help="where the trial zoo is built (or continued)")
+    parser.add_argument("--out", type=Path, default=Path("results/trials"))
+    parser.add_argument("--pretrain", type=int, help="captioned pretraining images (default: the profile's)")
+    parser.add_argument("--longer", type=float, default=1.0, help="every member's pretraining steps times this")
+    args = parser.parse_args()
+    profile = changed_profile(profile_named(zoo_index(args.zoo)["profile"]), args.pretrain, args.longer)
+    write_trial_world(args.work, profile)
+    differ = different_split_files(args.zoo, args.work)
+    if differ:
+        raise SystemExit(f"{args.work}: {len(differ)} task-split files differ from {args.zoo}'s "
+                         f"(first: {differ[0]}); the trial must score on the committed splits")
+    steps = ", ".join(f"{m.name} {m.pretrain['steps']}" for m in profile.members)
+    print(f"task splits: the same bytes as {args.zoo}'s; world {world_fields(profile)['world']}; steps {steps}")
+    build_and_report(args.work, profile, args.out, trial_name(args.pretrain, args.longer))
+
+
+if __name__ == "__main__":
+    main()
