@@ -16,7 +16,9 @@
 # ZOO can be kept: the first member's zoo is the base, the others are merged into it, and every
 # member is packed), SPLIT (the split `ptc paper` scores: test, or train to judge a zoo change
 # before its test figures are seen), WORK (where the builds go; a second call with the same WORK
-# continues them, since builds are resumable).
+# continues them, since builds are resumable), TRIAL (arguments for benchmarks/rebuild_trial.py,
+# e.g. "--longer 1.5": each member is built that way instead of by the profile; use with FRESH=1,
+# every member and SPLIT=train).
 set -u
 start=$SECONDS
 members=${MEMBERS:-vit siglip eva}
@@ -42,8 +44,12 @@ print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transforme
 builds=()
 for m in $members; do  # each in a zoo of its own: parallel builds cannot race on one zoo.json
     say "build $m -> $work/zoo-$m"
-    OMP_NUM_THREADS=$threads timeout $(( $(left) - 40 )) \
-        python3 -m compiler.cli zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m" > "$work/build-$m.log" 2>&1 &
+    if [ -n "${TRIAL:-}" ]; then  # word-split on purpose: TRIAL holds several arguments
+        build=(python3 -m benchmarks.rebuild_trial $TRIAL --zoo "$zoo" --work "$work/zoo-$m" --members "$m")
+    else
+        build=(python3 -m compiler.cli zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m")
+    fi
+    OMP_NUM_THREADS=$threads timeout $(( $(left) - 40 )) "${build[@]}" > "$work/build-$m.log" 2>&1 &
     builds+=($!)
 done
 wait "${builds[@]}"  # not a bare `wait`: that also waits for the log's tee, which never ends

@@ -14,7 +14,9 @@ build`'s own code and resumable: run the same command again to continue.
                                         [--zoo zoo] [--out results/trials]
 
 --pretrain sets the corpus size (the committed zoo's: 12,000 captioned images); --longer
-multiplies every member's pretraining steps. On 2 cores a rebuild takes about 2 hours at the
+multiplies every member's pretraining steps. On a lent GPU, `benchmarks/device_zoo.sh` runs the
+same trial with TRIAL="--longer 1.5" (each member built side by side, then merged and scored).
+On 2 cores a rebuild takes about 2 hours at the
 committed settings, and about as much longer as the steps are.
 """
 
@@ -75,6 +77,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
     parser.add_argument("--pretrain", type=int, help="captioned pretraining images (default: the profile's)")
     parser.add_argument("--longer", type=float, default=1.0, help="every member's pretraining steps times this")
+    parser.add_argument("--members", nargs="+", help="build only these, and write no report (device_zoo.sh builds "
+                        "each member in a zoo of its own, then merges and scores them)")
     args = parser.parse_args()
     profile = changed_profile(profile_named(zoo_index(args.zoo)["profile"]), args.pretrain, args.longer)
     write_trial_world(args.work, profile)
@@ -84,7 +88,10 @@ def main() -> None:
                          f"(first: {differ[0]}); the trial must score on the committed splits")
     steps = ", ".join(f"{m.name} {m.pretrain['steps']}" for m in profile.members)
     print(f"task splits: the same bytes as {args.zoo}'s; world {world_fields(profile)['world']}; steps {steps}")
-    build_and_report(args.work, profile, args.out, trial_name(args.pretrain, args.longer))
+    if args.members:
+        build_zoo(args.work, profile, echo=print, members=tuple(args.members))
+    else:
+        build_and_report(args.work, profile, args.out, trial_name(args.pretrain, args.longer))
 
 
 if __name__ == "__main__":
