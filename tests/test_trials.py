@@ -1,0 +1,40 @@
+"""The zoo trials' own guards (benchmarks/rebuild_trial.py): a rebuilt zoo must score on the
+committed task splits, and its profile must change only what the trial says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.rebuild_trial import changed_profile, different_split_files, trial_name, write_trial_world
+from compiler.zoo.build import profile_named
+
+TINY = profile_named("tiny")
+
+
+def test_a_larger_corpus_keeps_the_task_splits_and_a_changed_file_is_named(tmp_path):
+    small = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, pretrain=40))
+    write_trial_world(tmp_path / "committed", small)
+    trial = changed_profile(small, pretrain=120, longer=1)
+    write_trial_world(tmp_path / "trial", trial)
+    assert len(list((tmp_path / "trial" / "world" / "pretrain" / "images").iterdir())) == 120
+    assert different_split_files(tmp_path / "committed", tmp_path / "trial") == []
+
+    probe = sorted((tmp_path / "trial" / "world" / "tasks" / "colour" / "probes").iterdir())[3]
+    probe.write_bytes(probe.read_bytes()[:-1] + b"\0")
+    test_file = sorted((tmp_path / "trial" / "world" / "tasks" / "count" / "test").rglob("*.png"))[0]
+    test_file.unlink()
+    assert different_split_files(tmp_path / "committed", tmp_path / "trial") == sorted(
+        str(p.relative_to(tmp_path / "trial")) for p in (probe, test_file))
+
+
+def test_longer_multiplies_every_members_steps_and_nothing_else():
+    full = profile_named("full")
+    longer = changed_profile(full, pretrain=None, longer=1.5)
+    steps = {m.name: m.pretrain["steps"] for m in longer.members}
+    assert steps == {m.name: round(1.5 * m.pretrain["steps"]) for m in full.members}
+    assert longer.world == full.world
+    assert [dataclasses.replace(m, pretrain={}) for m in longer.members] == \
+           [dataclasses.replace(m, pretrain={}) for m in full.members]
+    # A member without steps of its own trains for the profile's default, times the factor.
+    assert {m.pretrain["steps"] for m in changed_profile(TINY, None, 2).members} == {2 * TINY.pretrain.steps}
+    assert trial_name(None, 1.5) == "longer-1.5" and trial_name(48000, 1) == "corpus-48000"
