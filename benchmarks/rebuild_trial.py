@@ -27,10 +27,8 @@ import dataclasses
 import filecmp
 from pathlib import Path
 
-from compiler.fsio import write_json_atomic
-from compiler.zoo.build import build_zoo, profile_named, world_fields
+from compiler.zoo.build import build_zoo, profile_named, world_fields, write_world_once
 from compiler.zoo.profiles import Profile
-from compiler.zoo.worlds import ensure_task, world_module
 
 from .source_trial import build_and_report, zoo_index
 
@@ -59,17 +57,6 @@ def different_split_files(committed: Path, trial: Path) -> list[str]:
     return differ
 
 
-def write_trial_world(work: Path, profile: Profile) -> None:
-    """The world as build_zoo writes it (world.json last, so the build goes on from here),
-    with the task variants write_world leaves to ensure_task."""
-    record = work / "world" / "world.json"
-    if not record.is_file():
-        world_module(profile.world_kind).write_world(work / "world", profile.world, profile.seed, profile.template_share)
-        write_json_atomic(record, world_fields(profile)["world"])
-    for task in (*profile.tasks, *profile.in_distribution_tasks):
-        ensure_task(work / "world", profile.world_kind, profile.world, profile.seed, task)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", type=Path, default=Path("zoo"), help="the committed zoo, for its profile and splits")
@@ -81,7 +68,7 @@ def main() -> None:
                         "each member in a zoo of its own, then merges and scores them)")
     args = parser.parse_args()
     profile = changed_profile(profile_named(zoo_index(args.zoo)["profile"]), args.pretrain, args.longer)
-    write_trial_world(args.work, profile)
+    write_world_once(args.work, profile)
     differ = different_split_files(args.zoo, args.work)
     if differ:
         raise SystemExit(f"{args.work}: {len(differ)} task-split files differ from {args.zoo}'s "

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.rebuild_trial import changed_profile, different_split_files, trial_name, write_trial_world
-from compiler.zoo.build import profile_named
+from benchmarks.rebuild_trial import changed_profile, different_split_files, trial_name
+from compiler.zoo.build import profile_named, write_world_once
 
 TINY = profile_named("tiny")
 
 
 def test_a_larger_corpus_keeps_the_task_splits_and_a_changed_file_is_named(tmp_path):
     small = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, pretrain=40))
-    write_trial_world(tmp_path / "committed", small)
+    write_world_once(tmp_path / "committed", small)
     trial = changed_profile(small, pretrain=120, longer=1)
-    write_trial_world(tmp_path / "trial", trial)
+    write_world_once(tmp_path / "trial", trial)
     assert len(list((tmp_path / "trial" / "world" / "pretrain" / "images").iterdir())) == 120
     assert different_split_files(tmp_path / "committed", tmp_path / "trial") == []
 

@@ -172,6 +172,19 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
                 save()
 
 
+def write_world_once(root: Path, profile: Profile, echo: Callable[[str], None] = print) -> None:
+    """The profile's world under root/world (world.json last: its presence means the world is
+    whole), then any task split it lacks (tasks added since, or splits not committed)."""
+    if not (root / "world" / "world.json").is_file():
+        echo(f"world ({profile.world_kind}): {profile.world.pretrain} captioned inputs, {len(profile.tasks)} tasks "
+             f"-> {root / 'world'}")
+        world_module(profile.world_kind).write_world(root / "world", profile.world, profile.seed, profile.template_share)
+        write_json_atomic(root / "world" / "world.json", world_fields(profile)["world"])
+    for name in (*profile.tasks, *profile.in_distribution_tasks):
+        if ensure_task(root / "world", profile.world_kind, profile.world, profile.seed, name):
+            echo(f"world: task {name}")
+
+
 def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
               members: tuple[str, ...] | None = None) -> dict:
     """Build (or continue building) the zoo under `root`; returns the index."""
@@ -195,15 +208,8 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
                   "seeds": list(profile.seeds)})
     index.setdefault("members", {})
     root.mkdir(parents=True, exist_ok=True)
-    if not (root / "world" / "world.json").is_file():
-        echo(f"world ({profile.world_kind}): {profile.world.pretrain} captioned inputs, {len(profile.tasks)} tasks "
-             f"-> {root / 'world'}")
-        world.write_world(root / "world", profile.world, profile.seed, profile.template_share)
-        write_json_atomic(root / "world" / "world.json", index["world"])
+    write_world_once(root, profile, echo)
     all_tasks = (*profile.tasks, *profile.in_distribution_tasks)
-    for name in all_tasks:  # tasks added after the world was written, or splits not committed
-        if ensure_task(root / "world", profile.world_kind, profile.world, profile.seed, name):
-            echo(f"world: task {name}")
     files = {name: path for name, path in _task_files(root).items() if name in all_tasks}
     bank = Bank(root / "bank")
     for name in all_tasks:
