@@ -21,8 +21,8 @@ import shutil
 from pathlib import Path
 
 from compiler.fsio import write_json_atomic
-from compiler.zoo import paper, report
-from compiler.zoo.build import INDEX, build_zoo, profile_named, read_index
+from compiler.zoo import build, paper, report
+from compiler.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index
 
 # Not copied, by folder: what the trial does not need (the audio zoo, the pretraining corpus)
 # and the operators, solved from descriptors, some of which it rebuilds.
@@ -77,8 +77,15 @@ def zoo_index(zoo: Path) -> dict:
 
 
 def build_and_report(work: Path, profile, out: Path, name: str) -> None:
-    """Finish the trial zoo with `ptc zoo build`'s code and write its train-split report."""
-    build_zoo(work, profile, echo=print)
+    """Finish the trial zoo with `ptc zoo build`'s code, member by member, and write its
+    train-split report. Every trial's criterion needs every member to tell every task's prompts
+    apart, so the build stops at the first member that does not (before hours on the others)."""
+    for member in profile.members:
+        lost = collapsed(build_zoo(work, profile, echo=print, members=(member.name,)))
+        if lost:
+            raise SystemExit(f"{work}: class prompts collapsed (mean cosine over {build.MAX_PROMPT_COSINE}) on "
+                             f"{', '.join(lost)}: the trial fails its criterion whatever the other members do; "
+                             "stopped before building them, no report written")
     results = paper.run(work, echo=print, split="train")
     for path in report.write(results, out, f"{name}-train"):
         print(f"written: {path}")

@@ -1,12 +1,17 @@
-"""The zoo trials' own guards (benchmarks/rebuild_trial.py): a rebuilt zoo must score on the
-committed task splits, and its profile must change only what the trial says."""
+"""The zoo trials' own guards (benchmarks/rebuild_trial.py, source_trial.py): a rebuilt zoo must
+score on the committed task splits, its profile must change only what the trial says, and a
+trial stops at the first member whose class prompts collapse."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from benchmarks.rebuild_trial import changed_profile, different_split_files, trial_name
-from compiler.zoo.build import profile_named, write_world_once
+from benchmarks.source_trial import build_and_report
+from compiler.zoo import build
+from compiler.zoo.build import profile_named, read_index, write_world_once
 
 TINY = profile_named("tiny")
 
@@ -38,3 +43,15 @@ def test_longer_multiplies_every_members_steps_and_nothing_else():
     # A member without steps of its own trains for the profile's default, times the factor.
     assert {m.pretrain["steps"] for m in changed_profile(TINY, None, 2).members} == {2 * TINY.pretrain.steps}
     assert trial_name(None, 1.5) == "longer-1.5" and trial_name(48000, 1) == "corpus-48000"
+
+
+def test_a_trial_stops_at_the_first_member_whose_prompts_collapse(tmp_path, monkeypatch):
+    quick = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, pretrain=40), finetune_steps=2,
+                                members=tuple(dataclasses.replace(m, pretrain={"steps": 2}) for m in TINY.members))
+    monkeypatch.setattr(build, "MAX_PROMPT_COSINE", -1.0)  # no mean cosine is below it: every task collapses
+    with pytest.raises(SystemExit, match=r"collapsed \(mean cosine over -1.0\) on clip/colour, clip/count, "
+                                         r"clip/background: .*no report written"):
+        build_and_report(tmp_path / "zoo", quick, tmp_path / "out", "trial")
+    assert list(read_index(tmp_path / "zoo")["members"]) == ["clip"]
+    assert not (tmp_path / "zoo" / "models" / "vit").exists()
+    assert not (tmp_path / "out").exists()
