@@ -14,7 +14,7 @@ import torch
 from . import register_hf_family
 from .base import Batch, OnnxTower, fold_into_linear_layer, open_images
 from .hf import HFDualEncoder
-from .tiny_vocab import byte_bpe, extend_vocab
+from .tiny_vocab import clip_tokenizer
 
 
 def _pooled(output) -> torch.Tensor:
@@ -79,18 +79,13 @@ def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: in
     """Save a small random-weight CLIPModel with a real (byte-level BPE, merges trained on prompt
     English: tiny_vocab) CLIP tokenizer and image processor, built offline from configs: for
     tests, the demo and the zoo."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     from transformers.utils import logging
 
     logging.disable_progress_bar()
 
-    symbols = list(bytes_to_unicode().values())
-    vocab = {token: i for i, token in enumerate(symbols + [s + "</w>" for s in symbols])}
-    words, merges = byte_bpe(word_suffix="</w>")
-    extend_vocab(vocab, words)
-    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=list(merges))
+    tokenizer = clip_tokenizer()
+    vocab = tokenizer.get_vocab()
     eos = vocab["<|endoftext|>"]
     # CLIP pools the EOS position; with eos_token_id == 2 it would fall back to argmax(ids).
     text = dict(vocab_size=len(vocab), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,

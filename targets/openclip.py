@@ -20,8 +20,12 @@ from compiler.errors import ModelError, ModelNotFound
 from . import register_scheme
 from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, merge_adapter,
                    open_images)
+from .tiny_vocab import clip_tokenizer
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
+# text_cfg.hf_tokenizer_name of a tiny-vocabulary model: any non-empty name makes open_clip's
+# get_tokenizer load the tokenizer saved in a local-dir folder; this one says whose it is.
+TINY_TOKENIZER = "ptc/tiny-vocab"
 # Small timm towers (the zoo's EVA02, as EVA-CLIP). A timm name fixes an architecture's size and
 # open_clip's config passes a timm tower no size arguments, so these are registered with timm
 # under names of ptc's own; a checkpoint naming one loads wherever this module is imported.
@@ -118,7 +122,7 @@ class OpenClip:
         preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
         model.visual.preprocess_cfg = preprocess_cfg
         preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
-        tokenizer = open_clip.SimpleTokenizer(context_length=model.context_length)  # bundled vocabulary, offline
+        tokenizer = _tokenizer(rest, weights.parent, model_cfg, model.context_length)
         return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer,
                    f"open_clip:{rest}")
 
@@ -148,7 +152,7 @@ class OpenClip:
 
     @cached_property
     def _text_fp(self) -> str:
-        tokenizer = f"{type(self.tokenizer).__name__}|{self.tokenizer.context_length}|{len(self.tokenizer.encoder)}"
+        tokenizer = f"{type(self.tokenizer).__name__}|{self.tokenizer.context_length}|{_vocab_size(self.tokenizer)}"
         return fingerprint_tensors(self._state(False), "open_clip|" + tokenizer)
 
     def input_fingerprint(self) -> str:
@@ -202,12 +206,15 @@ class OpenClip:
                 f'tokenizer = open_clip.get_tokenizer("local-dir:{folder}")')
 
     def save_native(self, folder: Path) -> str:
+        import open_clip
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
         state = {k: v.contiguous() for k, v in self.model.state_dict().items() if "attn_mask" not in k}
         save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
         (folder / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True))
+        if isinstance(self.tokenizer, open_clip.tokenizer.HFTokenizer):  # the folder's own, as open_clip loads it
+            self.tokenizer.tokenizer.save_pretrained(folder)
         return "open_clip:local-dir"
 
 
@@ -241,16 +248,45 @@ def _get(module, path: str):
     return module
 
 
+def _tokenizer(rest: str, folder: Path, model_cfg: dict, context_length: int):
+    """The tokenizer open_clip itself pairs with this checkpoint. A local folder whose text_cfg
+    names an HF tokenizer carries it (open_clip's get_tokenizer then reads the folder, offline);
+    any other gets the bundled 49,408-token SimpleTokenizer."""
+    import open_clip
+
+    if not rest.startswith("local-dir:") or not model_cfg.get("text_cfg", {}).get("hf_tokenizer_name"):
+        return open_clip.SimpleTokenizer(context_length=context_length)
+    try:
+        return open_clip.get_tokenizer(f"local-dir:{folder}", context_length=context_length)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"open_clip:{rest}: text_cfg names a tokenizer but {folder} holds none that loads: "
+                         f"{exc}".split("\n")[0], "save the tokenizer into the folder (save_pretrained)") from None
+
+
+def _vocab_size(tokenizer) -> int:
+    encoder = getattr(tokenizer, "encoder", None)  # SimpleTokenizer's; an HFTokenizer wraps a transformers one
+    return len(encoder) if encoder is not None else len(tokenizer.tokenizer)
+
+
 def _text_cfg(width: int, heads: int, layers: int, context_length: int) -> dict:
     return {"context_length": context_length, "vocab_size": 49408, "width": width, "heads": heads, "layers": layers}
 
 
-def save_tiny(folder: Path, model_cfg: dict, seed: int) -> Path:
-    """Save a random-weight open_clip CLIP built from `model_cfg` (the real SimpleTokenizer
-    vocabulary) in the local-dir layout: for tests, benchmarks and the zoo."""
+def save_tiny(folder: Path, model_cfg: dict, seed: int, vocab: str = "bundled") -> Path:
+    """Save a random-weight open_clip CLIP built from `model_cfg` in the local-dir layout: for
+    tests, benchmarks and the zoo. vocab="bundled" keeps open_clip's 49,408-token vocabulary,
+    whose table is most of a tiny model's weights though a generated world's captions use a few
+    dozen tokens; vocab="tiny" saves the word-level tokenizer of the tiny transformers CLIP
+    (tiny_vocab) into the folder, where open_clip's own get_tokenizer finds it."""
     import open_clip
     from safetensors.torch import save_file
 
+    if vocab not in ("bundled", "tiny"):
+        raise ValueError(f"vocab must be 'bundled' or 'tiny', not {vocab!r}")
+    tokenizer = clip_tokenizer() if vocab == "tiny" else None
+    if tokenizer is not None:
+        text_cfg = model_cfg["text_cfg"] | {"vocab_size": len(tokenizer), "hf_tokenizer_name": TINY_TOKENIZER}
+        model_cfg = model_cfg | {"text_cfg": text_cfg}
     _register_timm_towers()
     torch.manual_seed(seed)
     model = open_clip.CLIP(**model_cfg).eval()
@@ -258,45 +294,48 @@ def save_tiny(folder: Path, model_cfg: dict, seed: int) -> Path:
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
               str(folder / WEIGHTS), metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     return folder
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
-               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0) -> Path:
+               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0,
+               vocab: str = "bundled") -> Path:
     """A tiny open_clip ViT (projection: the bare visual.proj parameter)."""
     vision = {"image_size": image_size, "layers": layers, "width": width, "patch_size": patch_size,
               "head_width": width // heads}
     return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(width, heads, layers, context_length)}, seed)
+                              "text_cfg": _text_cfg(width, heads, layers, context_length)}, seed, vocab)
 
 
 def build_tiny_resnet(folder: Path, *, width: int = 8, embed_dim: int = 16, image_size: int = 64,
-                      context_length: int = 24, seed: int = 0) -> Path:
+                      context_length: int = 24, seed: int = 0, vocab: str = "bundled") -> Path:
     """A tiny open_clip ModifiedResNet (projection: the attention pool's c_proj, with bias)."""
     vision = {"image_size": image_size, "layers": [1, 1, 1, 1], "width": width, "head_width": width}
     return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed)
+                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed, vocab)
 
 
 def build_tiny_timm(folder: Path, *, timm_model: str = "eva02_tiny_patch14_224", embed_dim: int = 24,
-                    context_length: int = 24, seed: int = 0) -> Path:
+                    context_length: int = 24, seed: int = 0, vocab: str = "bundled") -> Path:
     """An open_clip CLIP whose image tower is a timm model (EVA02 by default, as EVA-CLIP),
     with a linear head projection."""
     vision = {"timm_model_name": timm_model, "timm_model_pretrained": False, "timm_pool": "token",
               "timm_proj": "linear", "image_size": 224}
     return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed)
+                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed, vocab)
 
 
 def build_tiny_eva(folder: Path, *, tower: str = "ptc_eva02_w64_d4_p4_32", embed_dim: int = 72,
                    text_width: int = 64, text_layers: int = 4, heads: int = 4, context_length: int = 24,
-                   seed: int = 0) -> Path:
+                   seed: int = 0, vocab: str = "bundled") -> Path:
     """An open_clip CLIP with one of TIMM_TOWERS (an EVA02) as its image tower, class-token pooled,
     with a linear head projection (the edit site, `visual.head.proj`)."""
     vision = {"timm_model_name": tower, "timm_model_pretrained": False, "timm_pool": "token",
               "timm_proj": "linear", "image_size": TIMM_TOWERS[tower]["img_size"]}
     return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(text_width, heads, text_layers, context_length)}, seed)
+                              "text_cfg": _text_cfg(text_width, heads, text_layers, context_length)}, seed, vocab)
 
 
 @cache

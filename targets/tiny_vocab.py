@@ -83,3 +83,18 @@ def extend_vocab(vocab: dict[str, int], tokens: tuple[str, ...]) -> dict[str, in
     for token in tokens:
         vocab.setdefault(token, len(vocab))
     return vocab
+
+
+def clip_tokenizer():
+    """A transformers CLIPTokenizer on byte_bpe's word-level merges: the tiny CLIP families'
+    tokenizer (hf_clip, and open_clip's with vocab="tiny"). End-of-text takes the highest id,
+    so towers that pool at the argmax id (open_clip) find it."""
+    from transformers import CLIPTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    vocab = {token: i for i, token in enumerate(symbols + [s + "</w>" for s in symbols])}
+    words, merges = byte_bpe(word_suffix="</w>")
+    extend_vocab(vocab, words)
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = len(vocab), len(vocab) + 1
+    return CLIPTokenizer(vocab=vocab, merges=list(merges))

@@ -15,14 +15,17 @@ from safetensors.torch import load_file, save_file
 import targets
 from compiler.bank import Bank
 from compiler.embed import model_key
+from compiler.errors import ModelError
 from conftest import run_ptc, write_recipe
-from targets import hf_clap, hf_clip, hf_siglip, openclip
+from targets import hf_clap, hf_clip, hf_siglip, openclip, tiny_vocab
 
 # family -> (tiny builder, reference scheme for a saved folder[, probe modality]); a new family adds one row.
 FAMILIES = {
     "hf-clip": (lambda folder, seed: hf_clip.build_tiny(folder, width=32, embed_dim=12, seed=seed), "hf:{}"),
     "open_clip-vit": (lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed),
                       "open_clip:local-dir:{}"),
+    "open_clip-vit-tiny-vocab": (lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed,
+                                                                          vocab="tiny"), "open_clip:local-dir:{}"),
     "open_clip-eva02": (lambda folder, seed: openclip.build_tiny_timm(folder, embed_dim=24, seed=seed),
                         "open_clip:local-dir:{}"),
     "open_clip-resnet": (lambda folder, seed: openclip.build_tiny_resnet(folder, embed_dim=16, seed=seed),
@@ -68,6 +71,37 @@ def test_family_contract(family, tmp_path, request):
     assert towers[0].output_name.endswith("_embeds") and len(next(iter(towers[0].example_inputs.values()))) >= 2
     assert set(towers[0].example_inputs) == set(batch)  # a batch feeds the input tower's graph as it is
     assert encoder.library and encoder.pipeline_tag and "\n" in encoder.load_snippet("model")
+
+
+def test_open_clip_tiny_vocab_is_open_clips_own_tokenizer_and_ships_with_the_model(tmp_path):
+    import open_clip
+
+    folder = openclip.build_tiny(tmp_path / "tiny", width=32, embed_dim=20, seed=2, vocab="tiny")
+    bundled = openclip.build_tiny(tmp_path / "bundled", width=32, embed_dim=20, seed=2)
+    rows = load_file(folder / openclip.WEIGHTS)["token_embedding.weight"].shape[0]
+    assert rows == len(tiny_vocab.clip_tokenizer()) < 1000
+    assert load_file(bundled / openclip.WEIGHTS)["token_embedding.weight"].shape[0] == 49408
+    encoder = targets.load(f"open_clip:local-dir:{folder}")
+    # Independently: open_clip's own loader and get_tokenizer on the folder, as a server would.
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+    prompts = ["a photo of a red circle.", "two blue squares on a striped background."]
+    with torch.no_grad():
+        assert torch.allclose(encoder.embed_prompts(prompts), model.eval().encode_text(tokenizer(prompts)), atol=1e-6)
+    ids = tokenizer(["colour circle"])[0].tolist()  # start, one token per prompt word, end, then end as padding
+    assert ids[3] == ids[-1] == rows - 1 and ids[0] == rows - 2 and len(set(ids[1:3])) == 2
+    assert encoder.text_fingerprint() != targets.load(f"open_clip:local-dir:{bundled}").text_fingerprint()
+    # Shipped: the edited folder carries the tokenizer, and open_clip alone reloads the same text embedding.
+    edited = encoder.with_edit(torch.zeros(encoder.embed_dim, encoder.edit_width, dtype=torch.float64))
+    edited.save_native(tmp_path / "shipped")
+    shipped, _, _ = open_clip.create_model_and_transforms(f"local-dir:{tmp_path / 'shipped'}")
+    with torch.no_grad():
+        again = shipped.eval().encode_text(open_clip.get_tokenizer(f"local-dir:{tmp_path / 'shipped'}")(prompts))
+    assert torch.allclose(again, encoder.embed_prompts(prompts), atol=1e-6)
+    for file in folder.glob("tokenizer*"):
+        file.unlink()
+    with pytest.raises(ModelError, match="text_cfg names a tokenizer but .* holds none that loads"):
+        targets.load(f"open_clip:local-dir:{folder}")
 
 
 def _build_verified(recipe) -> dict:
