@@ -102,6 +102,8 @@ def test_open_clip_tiny_vocab_is_open_clips_own_tokenizer_and_ships_with_the_mod
         file.unlink()
     with pytest.raises(ModelError, match="text_cfg names a tokenizer but .* holds none that loads"):
         targets.load(f"open_clip:local-dir:{folder}")
+    with pytest.raises(ValueError, match="vocab must be 'bundled' or 'tiny', not 'small'"):
+        openclip.build_tiny(tmp_path / "typo", vocab="small")
 
 
 def _build_verified(recipe) -> dict:
