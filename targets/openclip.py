@@ -110,6 +110,7 @@ class OpenClip:
 
         config, weights, _ = _resolve(rest, base_dir)
         model_cfg = config["model_cfg"]
+        tokenizer = _tokenizer(rest, weights.parent, model_cfg)  # first: it may refuse before a large model is built
         _register_timm_towers()
         try:
             model = open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg else open_clip.CustomTextCLIP(**model_cfg)
@@ -122,7 +123,6 @@ class OpenClip:
         preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
         model.visual.preprocess_cfg = preprocess_cfg
         preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
-        tokenizer = _tokenizer(rest, weights.parent, model_cfg, model.context_length)
         return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer,
                    f"open_clip:{rest}")
 
@@ -248,14 +248,22 @@ def _get(module, path: str):
     return module
 
 
-def _tokenizer(rest: str, folder: Path, model_cfg: dict, context_length: int):
-    """The tokenizer open_clip itself pairs with this checkpoint. A local folder whose text_cfg
-    names an HF tokenizer carries it (open_clip's get_tokenizer then reads the folder, offline);
-    any other gets the bundled 49,408-token SimpleTokenizer."""
+def _tokenizer(rest: str, folder: Path, model_cfg: dict):
+    """The tokenizer open_clip itself pairs with this checkpoint. A text_cfg naming an HF tokenizer
+    (SigLIP, mT5, ..., or the tiny vocabulary) needs that tokenizer's files: a local folder
+    carries them (open_clip's get_tokenizer then reads the folder, offline); a bare weights file
+    does not, and the bundled SimpleTokenizer would feed its tower the wrong ids. Any other
+    gets the bundled 49,408-token SimpleTokenizer."""
     import open_clip
 
-    if not rest.startswith("local-dir:") or not model_cfg.get("text_cfg", {}).get("hf_tokenizer_name"):
+    text_cfg = model_cfg.get("text_cfg", {})
+    context_length = text_cfg.get("context_length", open_clip.tokenizer.DEFAULT_CONTEXT_LENGTH)
+    if not text_cfg.get("hf_tokenizer_name"):
         return open_clip.SimpleTokenizer(context_length=context_length)
+    if not rest.startswith("local-dir:"):
+        raise ModelError(f"open_clip:{rest}: its text tower reads the tokenizer {text_cfg['hf_tokenizer_name']!r}, "
+                         "which ptc never downloads", "load a folder holding the model and its tokenizer as "
+                         "open_clip:local-dir:FOLDER")
     try:
         return open_clip.get_tokenizer(f"local-dir:{folder}", context_length=context_length)
     except (OSError, ValueError) as exc:

@@ -106,6 +106,15 @@ def test_open_clip_tiny_vocab_is_open_clips_own_tokenizer_and_ships_with_the_mod
         openclip.build_tiny(tmp_path / "typo", vocab="small")
 
 
+def test_open_clip_architecture_with_an_hf_tokenizer_needs_a_folder_that_holds_it(tmp_path):
+    # ViT-B-16-SigLIP's text tower reads a Hub tokenizer: a bare weights file cannot carry it, and
+    # the bundled CLIP tokenizer would feed the tower wrong ids, so loading stops and says why.
+    weights = tmp_path / "siglip.safetensors"
+    save_file({"unused": torch.zeros(1)}, str(weights))
+    with pytest.raises(ModelError, match="reads the tokenizer 'timm/ViT-B-16-SigLIP', which ptc never downloads"):
+        targets.load(f"open_clip:ViT-B-16-SigLIP@{weights}")
+
+
 def _build_verified(recipe) -> dict:
     """`ptc build` through the CLI; the issue's bounds on the report's own figures."""
     result = run_ptc("build", recipe)
