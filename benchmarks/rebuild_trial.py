@@ -1,5 +1,5 @@
 """A zoo trial that rebuilds every member with one change that acts on all of them at once (a
-larger pretraining corpus, or longer pretraining), judged by `ptc paper`'s report on the
+larger pretraining corpus, longer pretraining, or wider members), judged by `ptc paper`'s report on the
 labelled TRAIN split (never test).
 
 Why whole rebuilds: one-member changes (longer, wider) moved that member between giving and
@@ -11,10 +11,12 @@ byte for byte the committed zoo's (checked before anything trains). The build is
 build`'s own code and resumable: run the same command again to continue.
 
     python3 -m benchmarks.rebuild_trial --work DIR [--pretrain IMAGES] [--longer FACTOR]
-                                        [--zoo zoo] [--out results/trials]
+                                        [--shapes NAME] [--zoo zoo] [--out results/trials]
 
 --pretrain sets the corpus size (the committed zoo's: 12,000 captioned images); --longer
-multiplies every member's pretraining steps. On a lent GPU, `benchmarks/device_zoo.sh` runs the
+multiplies every member's pretraining steps; --shapes swaps every member's builder options for
+one of SHAPES (a named, reviewable table: a family's width is spelt differently by each builder,
+so no single factor could scale them all). On a lent GPU, `benchmarks/device_zoo.sh` runs the
 same trial with TRIAL="--longer 1.5" (each member built side by side, then merged and scored).
 On 2 cores a rebuild takes about 2 hours at the
 committed settings, and about as much longer as the steps are.
@@ -33,16 +35,38 @@ from compiler.zoo.profiles import Profile
 from .source_trial import build_and_report, zoo_index
 
 
-def changed_profile(base: Profile, pretrain: int | None, longer: float) -> Profile:
-    """`base` with the corpus size and every member's pretraining steps changed."""
+# Every member's builder options for a shape trial, the members' whole option sets (not
+# changes), so the table reads as the zoo it builds. "wide-1.5": every tower and embedding 1.5
+# times as wide (heads and depth kept, so each head is wider), and the two open_clip members on
+# the tiny vocabulary, whose 49,408-token tables were 88% of their weights, to stay within the
+# 40 MB budget.
+SHAPES = {
+    "wide-1.5": {
+        "clip": {"width": 96, "embed_dim": 96, "layers": 4, "heads": 4, "patch_size": 4},
+        "siglip": {"width": 120, "layers": 4, "heads": 4, "patch_size": 4},
+        "vit": {"width": 96, "embed_dim": 72, "layers": 4, "heads": 4, "patch_size": 4, "vocab": "tiny"},
+        "eva": {"tower": "ptc_eva02_w96_d4_p4_32", "embed_dim": 108, "text_width": 96, "vocab": "tiny"},
+    },
+}
+
+
+def changed_profile(base: Profile, pretrain: int | None, longer: float, shapes: str | None = None) -> Profile:
+    """`base` with the corpus size, every member's pretraining steps and (by SHAPES name) every
+    member's builder options changed."""
     world = base.world if pretrain is None else dataclasses.replace(base.world, pretrain=pretrain)
-    members = tuple(dataclasses.replace(m, pretrain=m.pretrain | {"steps": round(longer * m.pretrain.get("steps", base.pretrain.steps))})
+    options = SHAPES[shapes] if shapes else {m.name: m.options for m in base.members}
+    if set(options) != {m.name for m in base.members}:
+        raise SystemExit(f"shapes {shapes!r} name members {sorted(options)}, the profile has "
+                         f"{sorted(m.name for m in base.members)}")
+    members = tuple(dataclasses.replace(m, options=options[m.name],
+                                        pretrain=m.pretrain | {"steps": round(longer * m.pretrain.get("steps", base.pretrain.steps))})
                     for m in base.members)
     return dataclasses.replace(base, world=world, members=members)
 
 
-def trial_name(pretrain: int | None, longer: float) -> str:
-    parts = ([f"corpus-{pretrain}"] if pretrain is not None else []) + ([f"longer-{longer:g}"] if longer != 1 else [])
+def trial_name(pretrain: int | None, longer: float, shapes: str | None = None) -> str:
+    parts = (([f"corpus-{pretrain}"] if pretrain is not None else []) + ([f"longer-{longer:g}"] if longer != 1 else [])
+             + ([shapes] if shapes else []))
     return "-".join(parts) or "rebuild"
 
 
@@ -64,10 +88,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
     parser.add_argument("--pretrain", type=int, help="captioned pretraining images (default: the profile's)")
     parser.add_argument("--longer", type=float, default=1.0, help="every member's pretraining steps times this")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), help="every member's builder options, from SHAPES")
     parser.add_argument("--members", nargs="+", help="build only these, and write no report (device_zoo.sh builds "
                         "each member in a zoo of its own, then merges and scores them)")
     args = parser.parse_args()
-    profile = changed_profile(profile_named(zoo_index(args.zoo)["profile"]), args.pretrain, args.longer)
+    profile = changed_profile(profile_named(zoo_index(args.zoo)["profile"]), args.pretrain, args.longer, args.shapes)
     write_world_once(args.work, profile)
     differ = different_split_files(args.zoo, args.work)
     if differ:
@@ -75,10 +100,12 @@ def main() -> None:
                          f"(first: {differ[0]}); the trial must score on the committed splits")
     steps = ", ".join(f"{m.name} {m.pretrain['steps']}" for m in profile.members)
     print(f"task splits: the same bytes as {args.zoo}'s; world {world_fields(profile)['world']}; steps {steps}")
+    if args.shapes:
+        print("shapes: " + "; ".join(f"{m.name} {m.options}" for m in profile.members))
     if args.members:
         build_zoo(args.work, profile, echo=print, members=tuple(args.members))
     else:
-        build_and_report(args.work, profile, args.out, trial_name(args.pretrain, args.longer))
+        build_and_report(args.work, profile, args.out, trial_name(args.pretrain, args.longer, args.shapes))
 
 
 if __name__ == "__main__":

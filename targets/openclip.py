@@ -34,6 +34,9 @@ TIMM_TOWERS = {
     "ptc_eva02_w64_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4,
                                "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
                                "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)},
+    "ptc_eva02_w96_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": 96, "depth": 4, "num_heads": 4,
+                               "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
+                               "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)},
 }
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
 PROJECTIONS = ("visual.proj", "visual.attnpool.c_proj", "visual.head.proj", "visual.trunk.head")

@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from benchmarks.rebuild_trial import changed_profile, different_split_files, trial_name
+import targets
+from benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
 from benchmarks.source_trial import build_and_report
 from compiler.zoo import build
 from compiler.zoo.build import profile_named, read_index, write_world_once
@@ -55,3 +56,22 @@ def test_a_trial_stops_at_the_first_member_whose_prompts_collapse(tmp_path, monk
     assert list(read_index(tmp_path / "zoo")["members"]) == ["clip"]
     assert not (tmp_path / "zoo" / "models" / "vit").exists()
     assert not (tmp_path / "out").exists()
+
+
+def test_shapes_swap_every_members_options_and_each_shape_builds_at_its_declared_width(tmp_path):
+    full = profile_named("full")
+    wide = changed_profile(full, pretrain=None, longer=1, shapes="wide-1.5")
+    assert {m.name: m.options for m in wide.members} == SHAPES["wide-1.5"]
+    assert [dataclasses.replace(m, options={}) for m in wide.members] == \
+           [dataclasses.replace(m, options={}) for m in full.members]
+    assert trial_name(None, 1, "wide-1.5") == "wide-1.5"
+    # Each member's builder takes its options, and the model it saves embeds at the width the
+    # table says (the text side read through the same loader the zoo uses).
+    declared = {"clip": 96, "siglip": 120, "vit": 72, "eva": 108}
+    for member in wide.members:
+        folder = build._builder(member)(tmp_path / member.name, seed=0, **member.options)
+        encoder = targets.load(f"{member.scheme}:{folder}")
+        assert encoder.embed_prompts(["a photo of a red circle."]).shape == (1, declared[member.name]), member.name
+    with pytest.raises(SystemExit, match=r"shapes 'wide-1.5' name members \['clip', 'eva', 'siglip', 'vit'\], "
+                                         r"the profile has \['clip', 'vit'\]"):
+        changed_profile(TINY, None, 1, "wide-1.5")
