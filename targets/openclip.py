@@ -30,13 +30,12 @@ TINY_TOKENIZER = "ptc/tiny-vocab"
 # open_clip's config passes a timm tower no size arguments, so these are registered with timm
 # under names of ptc's own; a checkpoint naming one loads wherever this module is imported.
 # Separate q/k/v projections (qkv_fused off) put the paper's q/v LoRA on real modules.
+# The committed zoo:eva's is w64; w96 is the wide-1.5 trial's (benchmarks/rebuild_trial.py).
 TIMM_TOWERS = {
-    "ptc_eva02_w64_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4,
-                               "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
-                               "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)},
-    "ptc_eva02_w96_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": 96, "depth": 4, "num_heads": 4,
-                               "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
-                               "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)},
+    f"ptc_eva02_w{width}_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": width, "depth": 4, "num_heads": 4,
+                                     "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
+                                     "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)}
+    for width in (64, 96)
 }
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
 PROJECTIONS = ("visual.proj", "visual.attnpool.c_proj", "visual.head.proj", "visual.trunk.head")

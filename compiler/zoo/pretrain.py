@@ -98,7 +98,7 @@ def pretrain(encoder, inputs: Batch, captions: list[str], config: PretrainConfig
 def _log_line(desc: str, done: int, steps: int, losses: list[float], seconds: float) -> None:
     """One plain line of progress. tqdm stays silent when stderr is not a terminal (a build
     under nohup, CI, `2> log`), and pretraining a full-profile member takes half an hour."""
-    recent = losses[-min(50, len(losses)):]
+    recent = losses[-50:]
     left = seconds / done * (steps - done)
     print(f"{desc}: step {done}/{steps}, loss {sum(recent) / len(recent):.3f}, {seconds:.0f} s, "
           f"about {left / 60:.0f} min left", file=sys.stderr, flush=True)
