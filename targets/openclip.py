@@ -209,14 +209,10 @@ class OpenClip:
 
     def save_native(self, folder: Path) -> str:
         import open_clip
-        from safetensors.torch import save_file
 
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in self.model.state_dict().items() if "attn_mask" not in k}
-        save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
-        (folder / CONFIG).write_text(json.dumps(self.config, indent=2, sort_keys=True))
-        if isinstance(self.tokenizer, open_clip.tokenizer.HFTokenizer):  # the folder's own, as open_clip loads it
-            self.tokenizer.tokenizer.save_pretrained(folder)
+        # An HF tokenizer is the folder's own, as open_clip loads it; the bundled one ships with open_clip.
+        hf_tokenizer = self.tokenizer.tokenizer if isinstance(self.tokenizer, open_clip.tokenizer.HFTokenizer) else None
+        _write_local_dir(folder, self.model, self.config, hf_tokenizer)
         return "open_clip:local-dir"
 
 
@@ -289,7 +285,6 @@ def save_tiny(folder: Path, model_cfg: dict, seed: int, vocab: str = "bundled") 
     dozen tokens; vocab="tiny" saves the word-level tokenizer of the tiny transformers CLIP
     (tiny_vocab) into the folder, where open_clip's own get_tokenizer finds it."""
     import open_clip
-    from safetensors.torch import save_file
 
     if vocab not in ("bundled", "tiny"):
         raise ValueError(f"vocab must be 'bundled' or 'tiny', not {vocab!r}")
@@ -299,14 +294,21 @@ def save_tiny(folder: Path, model_cfg: dict, seed: int, vocab: str = "bundled") 
         model_cfg = model_cfg | {"text_cfg": text_cfg}
     _register_timm_towers()
     torch.manual_seed(seed)
-    model = open_clip.CLIP(**model_cfg).eval()
+    _write_local_dir(folder, open_clip.CLIP(**model_cfg).eval(), {"model_cfg": model_cfg, "preprocess_cfg": {}}, tokenizer)
+    return folder
+
+
+def _write_local_dir(folder: Path, model, config: dict, hf_tokenizer) -> None:
+    """The local-dir layout open_clip's own loader reads: weights (without the attention masks,
+    which the model rebuilds), config, and an HF tokenizer's files when the model has one."""
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
               str(folder / WEIGHTS), metadata={"format": "pt"})
-    (folder / CONFIG).write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {}}, indent=2))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    return folder
+    (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    if hf_tokenizer is not None:
+        hf_tokenizer.save_pretrained(folder)
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
