@@ -4,11 +4,13 @@ judged by `ptc paper`'s report on the labelled TRAIN split (never test).
 The zoo is copied without the named members' sources and descriptors (every member by default;
 the pretrained members, the world, the bank's cached grid embeddings and the other members'
 sources are kept), those sources are rebuilt by `ptc zoo build`'s own code (with the checkout's
-fine-tuning code, and the profile's step count replaced by --steps), and the train-split report
-is written as OUT/NAME-train.{md,json,png}. Compare it with results/paper-full-train.md.
+fine-tuning code, and the profile's step count or LoRA dropout replaced by --steps or
+--lora-dropout), and the train-split report is written as OUT/NAME-train.{md,json,png}. Compare
+it with results/paper-full-train.md.
 
-    python3 -m benchmarks.source_trial --steps 50 [--members resnet] [--name NAME] [--zoo zoo]
-                                       [--work /tmp/source-trial] [--out results/trials]
+    python3 -m benchmarks.source_trial [--steps 50] [--lora-dropout 0.1] [--members resnet]
+                                       [--name NAME] [--zoo zoo] [--work /tmp/source-trial]
+                                       [--out results/trials]
 
 About 7 minutes at 50 steps and 22 at 300 for the full zoo's 84 sources on 2 cores.
 """
@@ -53,20 +55,27 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/source-trial"))
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
-    parser.add_argument("--steps", type=int, required=True, help="fine-tuning steps per source")
+    parser.add_argument("--steps", type=int, help="fine-tuning steps per source (default: the profile's)")
+    parser.add_argument("--lora-dropout", type=float, help="peft's lora_dropout for the sources (default: the profile's)")
     parser.add_argument("--members", nargs="+", help="whose sources to rebuild (default: every member's)")
-    parser.add_argument("--name", help="the report's name (default: finetune-steps-STEPS)")
+    parser.add_argument("--name", help="the report's name (default: finetune-steps-STEPS or lora-dropout-RATE)")
     args = parser.parse_args()
     index = zoo_index(args.zoo)
     members = args.members or list(index["members"])
     unknown = sorted(set(members) - set(index["members"]))
     if unknown:
         raise SystemExit(f"{args.zoo}: no member {', '.join(unknown)} (members: {', '.join(index['members'])})")
-    profile = dataclasses.replace(profile_named(index["profile"]), finetune_steps=args.steps)
+    tried = [(field, label, value) for field, label, value in (("finetune_steps", "finetune-steps", args.steps),
+                                                                 ("finetune_dropout", "lora-dropout", args.lora_dropout))
+             if value is not None]
+    if not tried:
+        raise SystemExit("nothing to try: name --steps, --lora-dropout or both")
+    profile = dataclasses.replace(profile_named(index["profile"]), **{field: value for field, _, value in tried})
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
     copy_without_sources(args.zoo, args.work, members)
-    build_and_report(args.work, profile, args.out, args.name or f"finetune-steps-{args.steps}")
+    name = args.name or "-".join(f"{label}-{value:g}" for _, label, value in tried)
+    build_and_report(args.work, profile, args.out, name)
 
 
 def zoo_index(zoo: Path) -> dict:

@@ -240,10 +240,12 @@ def eval_command(model, task_name, data, as_json, bank) -> None:
 @click.option("--rank", default=4, show_default=True)
 @click.option("--steps", default=250, show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@click.option("--lora-dropout", "dropout", default=0.0, show_default=True,
+              help="peft's lora_dropout while training (a regulariser; nothing changes at inference).")
 @click.option("--force", is_flag=True, help="Replace an existing adapter folder.")
 @BANK_OPTION
 @handled
-def finetune(task_name, model, data, out, rank, steps, seed, force, bank) -> None:
+def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, bank) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
     import targets
 
@@ -253,7 +255,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, force, bank) -> Non
     if out.exists() and any(out.iterdir()) and not force:
         raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
     stats = finetune_lora(targets.load(model), _bank(bank).task(task_name), data, out, rank=rank,
-                          alpha=2 * rank, steps=steps, seed=seed, replace=force,
+                          alpha=2 * rank, steps=steps, seed=seed, dropout=dropout, replace=force,
                           echo=lambda line: click.echo(line, err=True))
     click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
                f"last batch accuracy {stats['final_batch_accuracy']:.2f})")

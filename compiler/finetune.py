@@ -13,6 +13,7 @@ from targets.base import batch_rows, batch_to
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
+from .errors import InputError
 from .fsio import staged_directory
 from .labelled import labelled_files
 from .lora import attach_lora, default_device, device_name, train
@@ -22,18 +23,21 @@ LOGIT_SCALE = 30.0
 
 def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
                   alpha: float = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
-                  seed: int = 0, progress: bool = True, replace: bool = False,
+                  seed: int = 0, dropout: float = 0.0, progress: bool = True, replace: bool = False,
                   device: torch.device | None = None, echo: Callable[[str], None] | None = None,
                   base_ref: str | None = None) -> dict:
     """Train a LoRA on the task's labelled files and save it as a peft adapter in `out_dir`.
     The adapter's config names `base_ref` (default: the encoder's reference) as its base model,
-    not whatever folder the library happened to load it from."""
+    not whatever folder the library happened to load it from. `dropout` (peft's lora_dropout,
+    recorded in the adapter's config) regularises training and changes nothing at inference."""
+    if not 0 <= dropout < 1:
+        raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
     device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
     inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)
     labels = torch.tensor([label for _, label in pairs], device=device)
     class_rows = class_embeddings(encoder.embed_prompts(task.prompts), len(task.classes)).float().to(device)
-    module = attach_lora(encoder, rank, alpha, seed, device)
+    module = attach_lora(encoder, rank, alpha, seed, device, dropout)
     generator = torch.Generator().manual_seed(seed)
 
     def step_loss(_step):
@@ -51,16 +55,18 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
     with staged_directory(Path(out_dir), replace=replace) as staging:
         # No embedding layer is trained; "auto" would look base_ref up on the Hub to decide.
         module.save_pretrained(staging, save_embedding_layers=False)
-        (staging / "README.md").write_text(_model_card(base_ref, task.name, rank, steps, seed, len(labels)))
+        (staging / "README.md").write_text(_model_card(base_ref, task.name, rank, steps, seed, len(labels), dropout))
     return {"steps": steps, "final_loss": figures.get("loss", float("nan")),
             "final_batch_accuracy": figures.get("acc", float("nan")), "examples": len(labels),
             "device": device_name(device)}
 
 
-def _model_card(base_ref: str, task: str, rank: int, steps: int, seed: int, examples: int) -> str:
+def _model_card(base_ref: str, task: str, rank: int, steps: int, seed: int, examples: int,
+                dropout: float) -> str:
     """In place of peft's blank template, which names the loading folder as the base model."""
     return (f"---\nbase_model: {base_ref}\nlibrary_name: peft\ntags:\n- lora\n- ptc\n---\n\n"
             f"# A `{task}` source for {base_ref}\n\n"
             f"`ptc finetune`: a rank-{rank} LoRA on the input tower's attention q and v projections, "
-            f"{steps} steps (seed {seed}) on {examples} labelled examples of `{task}`, trained with "
+            f"{steps} steps (seed {seed}{f', LoRA dropout {dropout:g}' if dropout else ''}) on {examples} "
+            f"labelled examples of `{task}`, trained with "
             f"cross-entropy against the frozen text tower's class prompts.\n")

@@ -20,13 +20,15 @@ def device_name(device: torch.device) -> str:
     return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
 
-def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device):
-    """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable."""
+def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device,
+                dropout: float = 0.0):
+    """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
+    `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
     extra = {} if alpha is None else {"lora_alpha": alpha}
-    config = LoraConfig(r=rank, lora_dropout=0.0, **encoder.lora_targets, **extra)
+    config = LoraConfig(r=rank, lora_dropout=dropout, **encoder.lora_targets, **extra)
     module = get_peft_model(encoder.trainable(), config).to(device)
     if not any(p.requires_grad for p in module.parameters()):
         raise ValueError(f"no module of {encoder.ref} matches {encoder.lora_targets!r}")

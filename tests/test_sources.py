@@ -65,6 +65,42 @@ def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr
 
 
+
+def test_lora_dropout_reaches_training_and_the_adapter_records_it(world, bank_copy, tmp_path):
+    """`--lora-dropout` is peft's lora_dropout: recorded in the adapter's config and its card,
+    it changes what training learns (same seed, other factors) and nothing when ptc reads the
+    adapter (its descriptor is the same every time)."""
+    from safetensors.torch import load_file
+
+    data = world.tasks["shape"].parent / "train"
+    common = ("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data, "--steps", "3",
+              "--bank", bank_copy)
+    for name, rate in (("plain", "0"), ("dropped", "0.5")):
+        result = run_ptc(*common, "--out", tmp_path / name, "--lora-dropout", rate)
+        assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "dropped" / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.5
+    assert "LoRA dropout 0.5" in (tmp_path / "dropped" / "README.md").read_text()
+    assert "dropout" not in (tmp_path / "plain" / "README.md").read_text()
+    plain, dropped = (load_file(tmp_path / name / "adapter_model.safetensors") for name in ("plain", "dropped"))
+    assert plain.keys() == dropped.keys()
+    assert max(float((plain[k] - dropped[k]).abs().max()) for k in plain) > 1e-6
+    for descriptor_id in ("dropped", "again"):  # dropout must be off whenever ptc reads the adapter
+        result = run_ptc("descriptor", "add", "--task", "shape", "--source", f"hf:{world.source}",
+                         "--finetuned", tmp_path / "dropped", "--id", descriptor_id, "--bank", bank_copy)
+        assert result.returncode == 0, result.stderr
+    utds = [Bank(bank_copy).descriptor("shape", i).tensors["utd"] for i in ("dropped", "again")]
+    assert float(utds[0].abs().max()) > 1e-4 and torch.equal(*utds)
+
+
+def test_lora_dropout_outside_its_range_is_refused_before_anything_is_written(world, bank_copy, tmp_path):
+    result = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}",
+                     "--data", world.tasks["shape"].parent / "train", "--out", tmp_path / "lora",
+                     "--lora-dropout", "1", "--bank", bank_copy)
+    assert result.returncode == 2
+    assert "LoRA dropout 1.0 is outside [0, 1)" in result.stderr and "--lora-dropout takes" in result.stderr
+    assert not (tmp_path / "lora").exists()
+
 def test_resolve_model_of_a_build_output(built):
     out, _ = built
     assert resolve_model(str(out)) == ("hf:model", out.resolve())

@@ -155,7 +155,8 @@ def _sources(member: Member, encoder, profile: Profile, root: Path, bank: Bank, 
             if not (adapter / "adapter_config.json").is_file():
                 stats = finetune_lora(encoder, task, files[task_name].parent / "train", adapter,
                                       rank=profile.finetune_rank, alpha=2 * profile.finetune_rank,
-                                      steps=profile.finetune_steps, seed=seed, progress=True,
+                                      steps=profile.finetune_steps, seed=seed, dropout=profile.finetune_dropout,
+                                      progress=True,
                                       base_ref=record["ref"])  # root-relative: stays true when the zoo moves
                 entry["finetune"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}
             if not _descriptor_current(bank, task_name, descriptor_id):

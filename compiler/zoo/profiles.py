@@ -44,6 +44,7 @@ class Profile:
     template_share: float = 0.5
     finetune_steps: int = 250
     finetune_rank: int = 4
+    finetune_dropout: float = 0.0  # peft's lora_dropout for the sources
     seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds: one source per (member, task, seed)
     # Plain-style variants of some tasks (world.IN_DISTRIBUTION), with sources for the first
     # seed only; kept apart from `tasks` so the paper's tables stay on the shifted tasks.
