@@ -68,9 +68,9 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
 def _model_card(base_ref: str, task: str, rank: int, steps: int, seed: int, examples: int,
                 dropout: float) -> str:
     """In place of peft's blank template, which names the loading folder as the base model."""
+    settings = f"seed {seed}, LoRA dropout {dropout:g}" if dropout else f"seed {seed}"
     return (f"---\nbase_model: {base_ref}\nlibrary_name: peft\ntags:\n- lora\n- ptc\n---\n\n"
             f"# A `{task}` source for {base_ref}\n\n"
             f"`ptc finetune`: a rank-{rank} LoRA on the input tower's attention q and v projections, "
-            f"{steps} steps (seed {seed}{f', LoRA dropout {dropout:g}' if dropout else ''}) on {examples} "
-            f"labelled examples of `{task}`, trained with "
+            f"{steps} steps ({settings}) on {examples} labelled examples of `{task}`, trained with "
             f"cross-entropy against the frozen text tower's class prompts.\n")
