@@ -13,7 +13,6 @@ from targets.base import batch_rows, batch_to
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
-from .errors import InputError
 from .fsio import staged_directory
 from .labelled import labelled_files
 from .lora import attach_lora, default_device, device_name, train
@@ -30,12 +29,6 @@ def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, r
     The adapter's config names `base_ref` (default: the encoder's reference) as its base model,
     not whatever folder the library happened to load it from. `dropout` (peft's lora_dropout,
     recorded in the adapter's config) regularises training and changes nothing at inference."""
-    if not 0 <= dropout < 1:
-        raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
-    if dropout and encoder.lora_targets.get("target_parameters"):
-        # peft adds such a LoRA to the weight itself (ParamWrapper), where no input is dropped.
-        raise InputError(f"{encoder.ref}: LoRA dropout needs LoRA on modules, and this model's adapts parameters "
-                         f"({encoder.lora_targets['target_parameters'][0]}, ...)", "use --lora-dropout 0 for it")
     device = device or default_device()
     pairs = labelled_files(data_dir, task.classes)
     inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)

@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from .errors import InputError
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -25,6 +27,13 @@ def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torc
     """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
     `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
     from peft import LoraConfig, get_peft_model
+
+    if not 0 <= dropout < 1:
+        raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
+    if dropout and encoder.lora_targets.get("target_parameters"):
+        # peft adds such a LoRA to the weight itself (ParamWrapper), where no input is dropped.
+        raise InputError(f"{encoder.ref}: LoRA dropout needs LoRA on modules, and this model's adapts parameters "
+                         f"({encoder.lora_targets['target_parameters'][0]}, ...)", "use --lora-dropout 0 for it")
 
     torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
     extra = {} if alpha is None else {"lora_alpha": alpha}
