@@ -28,7 +28,7 @@ from compiler.zoo.paper import ALPHA, Zoo, _mean, _points, retention
 RIDGES = (1e-2, 1e-3, 1e-4)
 
 
-def extra_probes(folder: Path, task: str, count: int, seed: int) -> list[Path]:
+def extra_probes(folder: Path, task: str, count: int, seed: int, shift: str) -> list[Path]:
     """`count` unlabelled probes in the task's style, from a stream no world split draws from."""
     from PIL import Image
 
@@ -39,14 +39,15 @@ def extra_probes(folder: Path, task: str, count: int, seed: int) -> list[Path]:
         scene = world.sample_scene(rng, fit_pool, targets)
         path = folder / task / f"{i:05d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(world.render(scene, rng, images, world.task_style(task))).save(path)
+        Image.fromarray(world.render(scene, rng, images, world.task_style(task, shift))).save(path)
         paths.append(path)
     return paths
 
 
 def larger_grids(zoo: Zoo, folder: Path, extra: int, seed: int) -> tuple[dict, dict]:
     """Factors and descriptors of every (member, source task) on the world's probes plus `extra`."""
-    probes = {task: [*zoo.bank.task(task).probes, *extra_probes(folder, task, extra, zoo.index["seed"])]
+    shift = zoo.index["world"]["downstream_shift"]
+    probes = {task: [*zoo.bank.task(task).probes, *extra_probes(folder, task, extra, zoo.index["seed"], shift)]
               for task in zoo.source_tasks}
     factors, descriptors = {}, {}
     for member in zoo.members:

@@ -125,6 +125,8 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     only the task splits are written, byte for byte those of any larger world."""
     if size.pretrain_style != "plain":  # the image world's styles have no meaning for clips
         raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
+    if size.downstream_shift != "shared":  # its one shift is the sample rate
+        raise InputError(f"the audio world has no downstream shift {size.downstream_shift!r}", "use 'shared'")
     rng = random.Random(f"audio/{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):

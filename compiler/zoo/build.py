@@ -57,8 +57,9 @@ def read_index(root: Path) -> dict:
     if not path.is_file():
         return {}
     index = json.loads(path.read_text())
-    if "world" in index:  # written before worlds had a pretraining style: theirs was plain
+    if "world" in index:  # written before worlds had these choices: theirs were plain and shared
         index["world"].setdefault("pretrain_style", "plain")
+        index["world"].setdefault("downstream_shift", "shared")
     return index
 
 

@@ -11,7 +11,9 @@ Pretraining sees captions of scenes in the *plain* style, or in a *spread* of st
 the shift (`WorldSize.pretrain_style`); downstream task splits (probes, fine-tuning, held-out
 test) are drawn in a *shifted* style never seen in pretraining (a brighter, lower-contrast
 palette and a thicker stroke), as EuroSAT or GTSRB are a shift for web-trained CLIPs: that is
-what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md).
+what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md). With
+`WorldSize.downstream_shift = "per-task"` each task has a shift of its own instead, as each of
+the paper's downstream datasets is a domain of its own (`TASK_SHIFTS`).
 
 Everything is a pure function of the seed. Digit images are split once: the first part of
 scikit-learn's bundled digits feeds pretraining and train splits, the last part only the
@@ -111,11 +113,16 @@ def _background(kind: str, base: np.ndarray, rng: random.Random) -> np.ndarray:
 @dataclass(frozen=True)
 class Style:
     """How a scene is drawn: the background's grey level (drawn uniformly from a range), the
-    share of light grey mixed into every colour, and the shapes' stroke width."""
+    share of light grey mixed into every colour, the shapes' stroke width, a colour cast on the
+    background and one on the whole image (a factor per RGB channel each), and the sigma of
+    pixel noise over the whole image."""
 
     grey: tuple[float, float]
     wash: float
     stroke: int
+    tint: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    cast: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    noise: float = 0.0
 
 
 PLAIN = Style(grey=(0.25, 0.45), wash=0.0, stroke=1)
@@ -133,9 +140,27 @@ def spread_style(rng: random.Random) -> Style:
     return Style(grey=SPREAD_GREY, wash=rng.uniform(0.0, SPREAD_WASH), stroke=1)
 
 
-def task_style(task: str) -> Style:
-    """Downstream splits are shifted, except the in-distribution variants'."""
-    return PLAIN if task in IN_DISTRIBUTION else SHIFTED
+# One shift per task (`downstream_shift = "per-task"`): none is in pretraining's plain style or
+# its spread, and each keeps its own attribute readable (quadrant's white digit stays on a
+# lighter-than-plain ground, where it was readable before). Colour drawn dark was read as well as
+# in the plain style, so it is no shift for colour: a cast over the whole image is.
+TASK_SHIFTS = {
+    "shape": SHIFTED,                                              # bright, washed out, thick
+    "colour": Style(grey=(0.25, 0.45), wash=0.0, stroke=1, cast=(0.75, 0.9, 1.3)),  # cool white balance
+    "count": Style(grey=(0.3, 0.45), wash=0.0, stroke=1, noise=24.0),  # noisy
+    "size": Style(grey=(0.35, 0.5), wash=0.2, stroke=1, tint=(0.6, 0.8, 1.4)),  # blue cast
+    "quadrant": Style(grey=(0.6, 0.75), wash=0.0, stroke=1, noise=16.0),  # bright and noisy
+    "background": Style(grey=(0.3, 0.45), wash=0.0, stroke=2, tint=(1.4, 1.0, 0.6)),  # warm cast
+}
+DOWNSTREAM_SHIFTS = ("shared", "per-task")
+
+
+def task_style(task: str, shift: str = "shared") -> Style:
+    """Downstream splits are shifted, except the in-distribution variants': by one shift for
+    every task, or by each task's own."""
+    if task in IN_DISTRIBUTION:
+        return PLAIN
+    return SHIFTED if shift == "shared" else TASK_SHIFTS[task]
 
 
 def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: Style) -> np.ndarray:
@@ -143,7 +168,7 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: St
     from PIL import Image, ImageDraw
 
     grey = rng.uniform(*style.grey)
-    canvas = _background(scene.background, np.array([grey] * 3) * 255, rng)
+    canvas = _background(scene.background, grey * 255 * np.array(style.tint), rng)
     image = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
     pen = ImageDraw.Draw(image)
     colour = (1 - style.wash) * np.array(COLOURS[scene.colour], dtype=float) + style.wash * 200
@@ -164,6 +189,9 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: St
     ink = 255.0  # the shift keeps the digit's polarity: dark ink on bright made quadrant unreadable
     patch = pixels[top:top + 14, left:left + 14]
     pixels[top:top + 14, left:left + 14] = patch * (1 - digit[..., None]) + ink * digit[..., None]
+    pixels = pixels * np.array(style.cast)
+    if style.noise:  # drawn from a stream seeded off rng only here, so noiseless styles draw as before
+        pixels = pixels + np.random.default_rng(rng.getrandbits(64)).normal(0.0, style.noise, pixels.shape)
     return pixels.clip(0, 255).astype(np.uint8)
 
 
@@ -206,6 +234,7 @@ class WorldSize:
     train: int = 40         # labelled shifted-style fine-tuning images per class
     test: int = 60          # held-out labelled images per class, never fitted on
     pretrain_style: str = "plain"  # how the pretraining images are drawn: PRETRAIN_STYLES
+    downstream_shift: str = "shared"  # one shift for every task's splits, or each its own: DOWNSTREAM_SHIFTS
 
 
 def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
@@ -220,8 +249,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
     from PIL import Image
 
-    if size.pretrain_style not in PRETRAIN_STYLES:
-        raise InputError(f"unknown pretraining style {size.pretrain_style!r}", f"styles: {', '.join(PRETRAIN_STYLES)}")
+    check_styles(size)
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
 
@@ -245,14 +273,23 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     return {task: write_task(root, task, size, seed) for task in TASKS}
 
 
+def check_styles(size: WorldSize) -> None:
+    if size.pretrain_style not in PRETRAIN_STYLES:
+        raise InputError(f"unknown pretraining style {size.pretrain_style!r}", f"styles: {', '.join(PRETRAIN_STYLES)}")
+    if size.downstream_shift not in DOWNSTREAM_SHIFTS:
+        raise InputError(f"unknown downstream shift {size.downstream_shift!r}",
+                         f"shifts: {', '.join(DOWNSTREAM_SHIFTS)}")
+
+
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
     """One task's folder (probes, train and test splits, task.yaml) from its own random stream,
     so a task added to an existing world is written without touching the others."""
     from PIL import Image
 
+    check_styles(size)
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
-    attribute, style = attribute_of(task), task_style(task)
+    attribute, style = attribute_of(task), task_style(task, size.downstream_shift)
     classes, templates = TASKS[attribute]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
 

@@ -1,0 +1,118 @@
+"""A zoo trial that keeps the pretrained members and draws every downstream task in a shift of
+its own (`WorldSize.downstream_shift = "per-task"`), judged on the labelled TRAIN split only.
+
+The zoo is copied with its members alone (no task splits, sources, bank or quality figures:
+all of them depend on the splits). `ptc zoo build`'s own code writes the task splits in their
+per-task shifts, measures the members on them, fine-tunes every source and fills the bank;
+then the train-split report is written as OUT/NAME-train.{md,json,png}. Compare it with
+results/paper-full-train.md. Run again with the same --work, it goes on where it stopped.
+
+Before any source, the members' zero-shot accuracy on each new task's train split is printed,
+and the trial stops if a style fails its requirement (`unfit_styles`; `--check-only` stops
+there in any case).
+
+    python3 -m benchmarks.shift_trial [--check-only] [--zoo zoo] [--work /tmp/shift-trial]
+                                      [--out results/trials] [--name per-task-shift]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+from pathlib import Path
+
+import targets
+from benchmarks.source_trial import build_and_report, zoo_index
+from compiler.bank import Bank
+from compiler.evaluate import zero_shot_accuracy
+from compiler.fsio import write_json_atomic
+from compiler.grid import load_task
+from compiler.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
+from compiler.zoo.world import attribute_of
+
+SHIFT = "per-task"
+AT_CHANCE = 0.02  # zero-shot within 2 points of chance reads a task not at all
+AS_PLAIN, NO_HEADROOM = 0.05, 0.85  # read within 5 points of the plain style, or above 0.85: no shift
+# What the copy leaves out, by folder: everything drawn from the task splits, and what the trial
+# does not need (the audio zoo, the pretraining corpus).
+LEFT_OUT = {".": ("audio", "bank", "sources"), "world": ("pretrain", "tasks")}
+
+
+def copy_members(zoo: Path, work: Path) -> None:
+    """The zoo's members and index, with the world marked as drawn in per-task shifts."""
+    def ignored(folder: str, names: list[str]) -> list[str]:
+        skip = LEFT_OUT.get(Path(folder).relative_to(zoo).as_posix(), ())
+        return [name for name in names if name in skip]
+
+    shutil.copytree(zoo, work, ignore=ignored)
+    index = read_index(work)
+    for record in index["members"].values():
+        record.pop("sources", None)
+        record.pop("quality", None)
+    index["world"]["downstream_shift"] = SHIFT
+    write_json_atomic(work / "world" / "world.json", index["world"])
+    write_json_atomic(work / INDEX, index)
+
+
+def zero_shot_on_train(work: Path, index: dict, names) -> dict[str, dict[str, float]]:
+    """task -> member -> zero-shot accuracy on the task's train split (printed as it goes)."""
+    bank, table = Bank(work / "bank"), {}
+    encoders = {member: targets.load(record["ref"], work) for member, record in index["members"].items()}
+    for name in names:
+        task, _ = bank.add_task(load_task(work / "world" / "tasks" / name / "task.yaml"))
+        table[name] = {member: zero_shot_accuracy(encoder, task, work / "world" / "tasks" / name / "train",
+                                                  progress=False)["accuracy"] for member, encoder in encoders.items()}
+        print(f"  {name:<14} chance {1 / len(task.classes):.3f}  "
+              + "  ".join(f"{m} {a:.3f}" for m, a in table[name].items()), flush=True)
+    return table
+
+
+def unfit_styles(work: Path, committed: dict, profile) -> list[str]:
+    """The tasks whose new style fails the trial's requirement (results/trials/README.md): read at
+    chance by three or more members where the shared shift was not (the committed zoo's test
+    figures), or read about as well as the plain style (no shift, so no headroom)."""
+    index = read_index(work)
+    plain_of = {attribute_of(plain): plain for plain in profile.in_distribution_tasks}
+    table = zero_shot_on_train(work, index, (*profile.tasks, *profile.in_distribution_tasks))
+    unfit = []
+    for name in profile.tasks:
+        chance = committed["members"][next(iter(committed["members"]))]["quality"][name]["chance"]
+        at_chance = lambda figures: sum(a <= chance + AT_CHANCE for a in figures) >= 3  # noqa: E731
+        before = [record["quality"][name]["zero_shot"] for record in committed["members"].values()]
+        mean = sum(table[name].values()) / len(table[name])
+        plain = table.get(plain_of.get(name))
+        no_shift = mean > NO_HEADROOM or (plain and mean > sum(plain.values()) / len(plain) - AS_PLAIN)
+        if (at_chance(table[name].values()) and not at_chance(before)) or no_shift:
+            unfit.append(name)
+    return unfit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", type=Path, default=Path("zoo"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/shift-trial"))
+    parser.add_argument("--out", type=Path, default=Path("results/trials"))
+    parser.add_argument("--name", default="per-task-shift")
+    parser.add_argument("--check-only", action="store_true", help="stop after the readability check")
+    args = parser.parse_args()
+    index = zoo_index(args.zoo)
+    if not args.work.exists():
+        copy_members(args.zoo, args.work)
+    elif read_index(args.work).get("world", {}).get("downstream_shift") != SHIFT:
+        raise SystemExit(f"{args.work} exists and is not a per-task shift trial: remove it, or name another --work")
+    base = profile_named(index["profile"])
+    profile = dataclasses.replace(base, world=dataclasses.replace(base.world, downstream_shift=SHIFT))
+    assert world_fields(profile)["world"] == read_index(args.work)["world"], "the trial's world is the profile's"
+    write_world_once(args.work, profile)
+    print("zero-shot on each task's train split:", flush=True)
+    unfit = unfit_styles(args.work, index, profile)
+    if unfit:
+        raise SystemExit(f"the style of {', '.join(unfit)} fails the trial's requirement (read at chance, or "
+                         "as well as the plain style; results/trials/README.md): no sources fine-tuned")
+    if not args.check_only:
+        build_and_report(args.work, profile, args.out, args.name)
+
+
+if __name__ == "__main__":
+    main()
