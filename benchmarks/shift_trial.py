@@ -68,24 +68,30 @@ def zero_shot_on_train(work: Path, index: dict, names) -> dict[str, dict[str, fl
     return table
 
 
+def fails_requirement(figures: list[float], before: list[float], chance: float, plain: list[float] | None) -> bool:
+    """The trial's requirement on one task's new style (results/trials/README.md), from the
+    members' zero-shot accuracies: in the new style, in the shared shift (`before`), and in the
+    plain style where the task has a plain variant. It fails if three or more members read it at
+    chance where the shared shift was not, or if it is read about as well as the plain style
+    (no shift, so no headroom for an edit)."""
+    def at_chance(accuracies):
+        return sum(a <= chance + AT_CHANCE for a in accuracies) >= 3
+
+    mean = sum(figures) / len(figures)
+    no_shift = mean > NO_HEADROOM or (plain is not None and mean > sum(plain) / len(plain) - AS_PLAIN)
+    return (at_chance(figures) and not at_chance(before)) or no_shift
+
+
 def unfit_styles(work: Path, committed: dict, profile) -> list[str]:
-    """The tasks whose new style fails the trial's requirement (results/trials/README.md): read at
-    chance by three or more members where the shared shift was not (the committed zoo's test
-    figures), or read about as well as the plain style (no shift, so no headroom)."""
-    index = read_index(work)
+    """The tasks whose new style fails the requirement, measured on the train splits against the
+    committed zoo's own (shared-shift, test-split) quality figures."""
     plain_of = {attribute_of(plain): plain for plain in profile.in_distribution_tasks}
-    table = zero_shot_on_train(work, index, (*profile.tasks, *profile.in_distribution_tasks))
-    unfit = []
-    for name in profile.tasks:
-        chance = committed["members"][next(iter(committed["members"]))]["quality"][name]["chance"]
-        at_chance = lambda figures: sum(a <= chance + AT_CHANCE for a in figures) >= 3  # noqa: E731
-        before = [record["quality"][name]["zero_shot"] for record in committed["members"].values()]
-        mean = sum(table[name].values()) / len(table[name])
-        plain = table.get(plain_of.get(name))
-        no_shift = mean > NO_HEADROOM or (plain and mean > sum(plain.values()) / len(plain) - AS_PLAIN)
-        if (at_chance(table[name].values()) and not at_chance(before)) or no_shift:
-            unfit.append(name)
-    return unfit
+    table = zero_shot_on_train(work, read_index(work), (*profile.tasks, *profile.in_distribution_tasks))
+    members = committed["members"].values()
+    return [name for name in profile.tasks
+            if fails_requirement(list(table[name].values()), [m["quality"][name]["zero_shot"] for m in members],
+                                 next(iter(members))["quality"][name]["chance"],
+                                 list(table[plain_of[name]].values()) if name in plain_of else None)]
 
 
 def main() -> None:

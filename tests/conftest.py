@@ -88,6 +88,16 @@ def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: in
 
 
 @pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> Path:
+    """The zoo built with the tiny profile (its members, sources and bank), built once."""
+    from compiler.zoo.build import build_zoo, profile_named
+
+    root = tmp_path_factory.mktemp("zoo")
+    build_zoo(root, profile_named("tiny"), echo=lambda _: None)
+    return root
+
+
+@pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
     import targets
     from compiler.bank import Bank

@@ -1,6 +1,7 @@
-"""The zoo trials' own guards (benchmarks/rebuild_trial.py, source_trial.py): a rebuilt zoo must
-score on the committed task splits, its profile must change only what the trial says, and a
-trial stops at the first member whose class prompts collapse."""
+"""The zoo trials' own guards (benchmarks/rebuild_trial.py, source_trial.py, shift_trial.py): a
+rebuilt zoo must score on the committed task splits, its profile must change only what the trial
+says, a trial stops at the first member whose class prompts collapse, and a shift trial keeps the
+members and nothing drawn from the old splits."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import pytest
 
 import targets
 from benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
+from benchmarks.shift_trial import copy_members, fails_requirement
 from benchmarks.source_trial import build_and_report
+from compiler.errors import InputError
 from compiler.zoo import build
-from compiler.zoo.build import profile_named, read_index, write_world_once
+from compiler.zoo.build import build_zoo, profile_named, read_index, write_world_once
+from compiler.zoo.world import write_task
+from conftest import tree_digest
 
 TINY = profile_named("tiny")
 
@@ -75,3 +80,38 @@ def test_shapes_swap_every_members_options_and_each_shape_builds_at_its_declared
     with pytest.raises(SystemExit, match=r"shapes 'wide-1.5' name members \['clip', 'eva', 'siglip', 'vit'\], "
                                          r"the profile has \['clip', 'vit'\]"):
         changed_profile(TINY, None, 1, "wide-1.5")
+
+
+def test_a_shift_trial_keeps_the_members_and_draws_every_split_again_in_its_shift(zoo, tmp_path):
+    work = tmp_path / "trial"
+    copy_members(zoo, work)
+    assert tree_digest(work / "models") == tree_digest(zoo / "models")
+    assert not any((work / part).exists() for part in ("sources", "bank", "world/tasks", "world/pretrain"))
+    index = read_index(work)
+    assert index["world"]["downstream_shift"] == "per-task"
+    assert all(not {"sources", "quality"} & set(record) for record in index["members"].values())
+    per_task = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, downstream_shift="per-task"))
+    write_world_once(work, per_task)
+    for task in TINY.tasks:  # every split written again, byte for byte the per-task world's
+        write_task(tmp_path / "expected", task, per_task.world, per_task.seed)
+        assert tree_digest(work / "world" / "tasks" / task) == tree_digest(tmp_path / "expected" / "tasks" / task)
+        assert tree_digest(work / "world" / "tasks" / task) != tree_digest(zoo / "world" / "tasks" / task)
+    # The trial zoo cannot be taken for (or finished as) the shared world's.
+    with pytest.raises(InputError, match=r"this zoo's world is .*'downstream_shift': 'per-task'.*; the tiny profile"):
+        build_zoo(work, TINY, echo=lambda _: None)
+
+
+@pytest.mark.parametrize("case, figures, before, chance, plain, fails", [
+    # The trial's own check (train split; clip, eva, siglip, vit; results/trials/README.md).
+    ("count: at chance, as in the shared shift", [0.206, 0.25, 0.281, 0.219], [0.242, 0.283, 0.263, 0.267], 0.25,
+     None, False),
+    ("colour drawn dark: read as in the plain style", [0.964, 0.886, 0.943, 0.875], [0.614, 0.538, 0.279, 0.533],
+     1 / 7, [0.989, 0.939, 0.954, 0.943], True),
+    ("colour under a cool cast", [0.636, 0.4, 0.157, 0.729], [0.614, 0.538, 0.279, 0.533], 1 / 7,
+     [0.989, 0.939, 0.954, 0.943], False),
+    ("at chance where the shared shift was not", [0.25, 0.26, 0.24, 0.5], [0.35, 0.383, 0.3, 0.383], 0.25, None, True),
+    ("near the ceiling without a plain variant", [0.9, 0.88, 0.86, 0.87], [0.7, 0.6, 0.6, 0.7], 0.5, None, True),
+])
+def test_a_new_style_fails_where_it_is_read_at_chance_anew_or_as_well_as_the_plain_style(
+        case, figures, before, chance, plain, fails):
+    assert fails_requirement(figures, before, chance, plain) is fails, case

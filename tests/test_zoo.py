@@ -22,14 +22,6 @@ TINY = profile_named("tiny")
 
 
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zoo")
-    lines: list[str] = []
-    build_zoo(root, TINY, echo=lines.append)
-    return root
-
-
-@pytest.fixture(scope="session")
 def results(zoo):
     return paper.run(zoo, echo=lambda _: None)
 
@@ -203,14 +195,15 @@ def test_a_profile_whose_world_changed_is_refused_not_recorded_over_the_old_worl
     assert tree_digest(copy) == before
 
 
-def test_a_zoo_written_before_pretraining_styles_reads_as_plain(zoo, tmp_path):
+def test_a_zoo_written_before_pretraining_styles_and_shifts_reads_as_plain_and_shared(zoo, tmp_path):
     """zoo.json files from before the field (the committed audio zoo's) still match their profile."""
     copy = tmp_path / "zoo"
     shutil.copytree(zoo, copy)
     index = json.loads((copy / "zoo.json").read_text())
-    del index["world"]["pretrain_style"]
+    del index["world"]["pretrain_style"], index["world"]["downstream_shift"]
     (copy / "zoo.json").write_text(json.dumps(index))
     assert read_index(copy)["world"]["pretrain_style"] == "plain"
+    assert read_index(copy)["world"]["downstream_shift"] == "shared"
     before = tree_digest(copy / "models")
     build_zoo(copy, TINY, echo=lambda _: None)  # nothing to do, and no refusal
     assert tree_digest(copy / "models") == before

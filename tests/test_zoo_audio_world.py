@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from compiler.zoo.audio_world import (LENGTHS, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
-                                      write_world)
+                                      write_task, write_world)
 from compiler.zoo.world import WorldSize
 from conftest import tree_digest
 
@@ -98,11 +98,13 @@ def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
     assert encoder.embed_inputs(batch).shape == (SMALL.probes, 16)
 
 
-def test_the_audio_world_refuses_the_image_worlds_pretraining_styles(tmp_path):
+def test_the_audio_world_refuses_the_image_worlds_styles_and_shifts(tmp_path):
     import dataclasses
 
     from compiler.errors import InputError
 
     with pytest.raises(InputError, match="the audio world has no pretraining style 'spread'"):
         write_world(tmp_path, dataclasses.replace(SMALL, pretrain_style="spread"))
-    assert not tmp_path.joinpath("pretrain").exists()
+    with pytest.raises(InputError, match="the audio world has no downstream shift 'per-task'"):
+        write_task(tmp_path, "pitch", dataclasses.replace(SMALL, downstream_shift="per-task"))
+    assert not tmp_path.joinpath("pretrain").exists() and not tmp_path.joinpath("tasks").exists()

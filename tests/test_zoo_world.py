@@ -13,8 +13,9 @@ import dataclasses
 import pytest
 
 from compiler.errors import InputError
-from compiler.zoo.world import (CONTROL_TASKS, DIGITS, PLAIN, SHIFTED, TASKS, TEST_DIGITS, WorldSize, _digit_images,
-                                sample_scene, spread_style, write_world)
+from compiler.zoo.world import (CONTROL_TASKS, DIGITS, IN_DISTRIBUTION, PLAIN, SHIFTED, SPREAD_GREY, SPREAD_WASH, TASKS,
+                                TEST_DIGITS, Style, WorldSize, _digit_images, render, sample_scene, spread_style,
+                                task_style, write_task, write_world)
 from conftest import tree_digest
 
 SMALL = WorldSize(pretrain=24, probes=6, train=2, test=2)
@@ -105,3 +106,56 @@ def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_p
         shared = set(ours) & set(theirs)
         assert len(shared) == len(theirs) > size.probes  # every committed file: probes, test split, task file
         assert all(ours[name] == theirs[name] for name in shared)
+
+
+def _outside_pretraining(style: Style) -> bool:
+    """Not a style pretraining draws, plain or spread: off its range on some axis."""
+    return (style.noise > 0 or style.tint != (1, 1, 1) or style.cast != (1, 1, 1) or style.stroke > 1
+            or style.wash > SPREAD_WASH or min(style.grey) > max(SPREAD_GREY) or max(style.grey) < min(SPREAD_GREY))
+
+
+def test_a_per_task_shift_draws_each_task_in_a_style_of_its_own(tmp_path):
+    shared, per_task = SMALL, dataclasses.replace(SMALL, downstream_shift="per-task")
+    write_world(tmp_path / "shared", shared, seed=1)
+    write_world(tmp_path / "per-task", per_task, seed=1)
+    for plain in IN_DISTRIBUTION:
+        write_task(tmp_path / "shared", plain, shared, seed=1)
+        write_task(tmp_path / "per-task", plain, per_task, seed=1)
+    a, b = tree_digest(tmp_path / "shared"), tree_digest(tmp_path / "per-task")
+    assert a.keys() == b.keys()
+    unchanged = {name.split("/")[1] for name in a if name.startswith("tasks/") and a[name] == b[name]
+                 and name.endswith(".png")}
+    # Shape keeps the shared shift, the plain variants stay plain; every other task is redrawn,
+    # each probe of it; the pretraining corpus and every task file are untouched.
+    assert unchanged == {"shape", *IN_DISTRIBUTION}
+    for task in set(TASKS) - {"shape"}:
+        probes = [name for name in a if name.startswith(f"tasks/{task}/probes/")]
+        assert probes and all(a[name] != b[name] for name in probes), task
+    assert all(a[name] == b[name] for name in a if not name.endswith(".png") or name.startswith("pretrain/"))
+    styles = {task: task_style(task, "per-task") for task in TASKS}
+    assert len(set(styles.values())) == len(TASKS)  # no two tasks share a domain
+    assert all(_outside_pretraining(style) for style in styles.values())
+    assert all(task_style(plain, "per-task") == PLAIN for plain in IN_DISTRIBUTION)
+    with pytest.raises(InputError, match="unknown downstream shift 'wild'"):
+        write_task(tmp_path / "wild", "colour", dataclasses.replace(SMALL, downstream_shift="wild"))
+    assert not (tmp_path / "wild").exists()
+
+
+def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_scene_stream():
+    images, targets = _digit_images()
+    scene = sample_scene(random.Random(4), list(range(100)), targets)
+
+    def drawn(style):
+        rng = random.Random(9)
+        image = render(scene, rng, images, style).astype(float)
+        return image, rng.random()  # where the scene stream stands after drawing
+
+    plain, after_plain = drawn(PLAIN)
+    cast, after_cast = drawn(dataclasses.replace(PLAIN, cast=(0.75, 0.9, 1.3)))
+    assert after_cast == after_plain  # same jitter and layout: only the cast differs
+    expected = plain * np.array((0.75, 0.9, 1.3))
+    inside = expected < 254
+    assert np.abs(cast - expected)[inside].max() <= 2.0  # uint8 truncation on both sides
+    noisy, _ = drawn(dataclasses.replace(PLAIN, noise=20.0))
+    residual = (noisy - plain)[(plain > 60) & (plain < 195)]  # away from clipping at 0 and 255
+    assert abs(residual.std() - 20.0) < 2.0 and abs(residual.mean()) < 1.5

@@ -123,10 +123,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     """root/pretrain/{clips/*.wav, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
     train/<class>/, test/<class>/}. Returns task name -> task file. With `size.pretrain == 0`
     only the task splits are written, byte for byte those of any larger world."""
-    if size.pretrain_style != "plain":  # the image world's styles have no meaning for clips
-        raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
-    if size.downstream_shift != "shared":  # its one shift is the sample rate
-        raise InputError(f"the audio world has no downstream shift {size.downstream_shift!r}", "use 'shared'")
+    check_styles(size)
     rng = random.Random(f"audio/{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):
@@ -138,8 +135,17 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     return {task: write_task(root, task, size, seed) for task in TASKS}
 
 
+def check_styles(size: WorldSize) -> None:
+    """The image world's styles have no meaning for clips: their one shift is the sample rate."""
+    if size.pretrain_style != "plain":
+        raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
+    if size.downstream_shift != "shared":
+        raise InputError(f"the audio world has no downstream shift {size.downstream_shift!r}", "use 'shared'")
+
+
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
     """One task's folder (probes, train and test splits, task.yaml) from its own random stream."""
+    check_styles(size)
     classes, templates = TASKS[task]
     folder, rng = root / "tasks" / task, random.Random(f"audio/{seed}/{task}")
     for i in range(size.probes):
