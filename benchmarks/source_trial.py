@@ -22,7 +22,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import targets
+from compiler.errors import InputError
 from compiler.fsio import write_json_atomic
+from compiler.lora import check_lora_dropout
 from compiler.zoo import build, paper, report
 from compiler.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index
 
@@ -71,11 +74,25 @@ def main() -> None:
     if not tried:
         raise SystemExit("nothing to try: name --steps, --lora-dropout or both")
     profile = dataclasses.replace(profile_named(index["profile"]), **{field: value for field, _, value in tried})
+    if args.lora_dropout:  # known before any member's sources are fine-tuned, not at one of them
+        refuse_dropout_where_unsupported(args.zoo, index, members, args.lora_dropout)
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
     copy_without_sources(args.zoo, args.work, members)
     name = args.name or "-".join(f"{label}-{value:g}" for _, label, value in tried)
     build_and_report(args.work, profile, args.out, name)
+
+
+def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str], dropout: float) -> None:
+    """Exit naming every member whose LoRA cannot take dropout (it adapts parameters)."""
+    refusals = []
+    for name in members:
+        try:
+            check_lora_dropout(targets.load(index["members"][name]["ref"], zoo), dropout)
+        except InputError as error:
+            refusals.append(error.message)
+    if refusals:
+        raise SystemExit("; ".join(refusals) + " (name the other members with --members)")
 
 
 def zoo_index(zoo: Path) -> dict:

@@ -22,12 +22,8 @@ def device_name(device: torch.device) -> str:
     return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
 
-def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device,
-                dropout: float = 0.0):
-    """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
-    `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
-    from peft import LoraConfig, get_peft_model
-
+def check_lora_dropout(encoder, dropout: float) -> None:
+    """Refuse a LoRA dropout rate the encoder's adapter cannot take, before any training."""
     if not 0 <= dropout < 1:
         raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
     if dropout and encoder.lora_targets.get("target_parameters"):
@@ -35,6 +31,14 @@ def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torc
         raise InputError(f"{encoder.ref}: LoRA dropout needs LoRA on modules, and this model's adapts parameters "
                          f"({encoder.lora_targets['target_parameters'][0]}, ...)", "use --lora-dropout 0 for it")
 
+
+def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device,
+                dropout: float = 0.0):
+    """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
+    `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
+    from peft import LoraConfig, get_peft_model
+
+    check_lora_dropout(encoder, dropout)
     torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
     extra = {} if alpha is None else {"lora_alpha": alpha}
     config = LoraConfig(r=rank, lora_dropout=dropout, **encoder.lora_targets, **extra)

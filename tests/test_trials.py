@@ -12,6 +12,7 @@ import pytest
 import targets
 from benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
 from benchmarks.shift_trial import copy_members, fails_requirement
+from benchmarks import source_trial
 from benchmarks.source_trial import build_and_report
 from compiler.errors import InputError
 from compiler.zoo import build
@@ -115,3 +116,21 @@ def test_a_shift_trial_keeps_the_members_and_draws_every_split_again_in_its_shif
 def test_a_new_style_fails_where_it_is_read_at_chance_anew_or_as_well_as_the_plain_style(
         case, figures, before, chance, plain, fails):
     assert fails_requirement(figures, before, chance, plain) is fails, case
+
+
+def test_a_dropout_trial_names_a_member_whose_lora_cannot_take_it_before_fine_tuning_anything(zoo, tmp_path,
+                                                                                             monkeypatch):
+    """zoo:vit's LoRA adapts open_clip's fused in_proj_weight, a parameter peft cannot drop out:
+    the trial says so up front, not after every earlier member's sources."""
+    work = tmp_path / "work"
+    argv = ["source_trial", "--zoo", str(zoo), "--work", str(work), "--lora-dropout", "0.1"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit, match=r"^open_clip:local-dir:models/vit: LoRA dropout needs LoRA on modules.*"
+                                         r"in_proj_weight.*name the other members with --members\)$"):
+        source_trial.main()
+    assert not work.exists()
+    called = []
+    monkeypatch.setattr(source_trial, "build_and_report", lambda *args: called.append(args))
+    monkeypatch.setattr("sys.argv", [*argv, "--members", "clip"])
+    source_trial.main()  # clip's LoRA is on modules: the trial goes ahead
+    assert called and (work / "zoo.json").is_file()
