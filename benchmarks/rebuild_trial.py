@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import filecmp
 from pathlib import Path
 
 from compiler.zoo.build import build_zoo, profile_named, world_fields, write_world_once
 from compiler.zoo.profiles import Profile
 
-from .source_trial import build_and_report, zoo_index
+from .source_trial import build_and_report, different_split_files, zoo_index
 
 
 # Every member's builder options for a shape trial, the members' whole option sets (not
@@ -68,17 +67,6 @@ def trial_name(pretrain: int | None, longer: float, shapes: str | None = None) -
     parts = (([f"corpus-{pretrain}"] if pretrain is not None else []) + ([f"longer-{longer:g}"] if longer != 1 else [])
              + ([shapes] if shapes else []))
     return "-".join(parts) or "rebuild"
-
-
-def different_split_files(committed: Path, trial: Path) -> list[str]:
-    """Files of the committed zoo's task splits (those it holds) that the trial's world lacks or
-    writes differently."""
-    differ = []
-    for path in sorted(p for p in (committed / "world" / "tasks").rglob("*") if p.is_file()):
-        twin = trial / "world" / "tasks" / path.relative_to(committed / "world" / "tasks")
-        if not twin.is_file() or not filecmp.cmp(path, twin, shallow=False):
-            differ.append(str(path.relative_to(committed)))
-    return differ
 
 
 def main() -> None:

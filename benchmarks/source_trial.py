@@ -8,9 +8,14 @@ fine-tuning code, and the profile's step count or LoRA dropout replaced by --ste
 --lora-dropout), and the train-split report is written as OUT/NAME-train.{md,json,png}. Compare
 it with results/paper-full-train.md.
 
-    python3 -m benchmarks.source_trial [--steps 50] [--lora-dropout 0.1] [--members resnet]
-                                       [--name NAME] [--zoo zoo] [--work /tmp/source-trial]
-                                       [--out results/trials]
+--train-extra N adds N labelled images per class to every task's train split (drawn from a
+stream of their own: probes and test splits stay the committed bytes) for the sources to learn
+from. The report is then scored on the larger train split, so its baseline is the control
+`--train-extra N --keep-sources`: the committed sources, fine-tuned again on nothing, scored there.
+
+    python3 -m benchmarks.source_trial [--steps 50] [--lora-dropout 0.1] [--train-extra 80]
+                                       [--keep-sources] [--members resnet] [--name NAME]
+                                       [--zoo zoo] [--work /tmp/source-trial] [--out results/trials]
 
 About 7 minutes at 50 steps and 22 at 300 for the full zoo's 84 sources on 2 cores.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import filecmp
 import shutil
 from pathlib import Path
 
@@ -27,7 +33,8 @@ from compiler.errors import InputError
 from compiler.fsio import write_json_atomic
 from compiler.lora import check_lora_dropout
 from compiler.zoo import build, paper, report
-from compiler.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index
+from compiler.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index, world_fields, write_world_once
+from compiler.zoo.world import check_size
 
 # Not copied, by folder: what the trial does not need (the audio zoo, the pretraining corpus)
 # and the operators, solved from descriptors, some of which it rebuilds.
@@ -60,8 +67,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
     parser.add_argument("--steps", type=int, help="fine-tuning steps per source (default: the profile's)")
     parser.add_argument("--lora-dropout", type=float, help="peft's lora_dropout for the sources (default: the profile's)")
+    parser.add_argument("--train-extra", type=int, help="labelled images per class added to every train split")
+    parser.add_argument("--keep-sources", action="store_true",
+                        help="fine-tune nothing: the committed sources on the changed train split (--train-extra's control)")
     parser.add_argument("--members", nargs="+", help="whose sources to rebuild (default: every member's)")
-    parser.add_argument("--name", help="the report's name (default: finetune-steps-STEPS or lora-dropout-RATE)")
+    parser.add_argument("--name", help="the report's name (default: from the options, e.g. lora-dropout-0.1)")
     args = parser.parse_args()
     index = zoo_index(args.zoo)
     members = args.members or list(index["members"])
@@ -71,16 +81,41 @@ def main() -> None:
     tried = [(field, label, value) for field, label, value in (("finetune_steps", "finetune-steps", args.steps),
                                                                  ("finetune_dropout", "lora-dropout", args.lora_dropout))
              if value is not None]
-    if not tried:
-        raise SystemExit("nothing to try: name --steps, --lora-dropout or both")
+    if not tried and args.train_extra is None:
+        raise SystemExit("nothing to try: name --steps, --lora-dropout, --train-extra or more than one")
+    if args.keep_sources and (tried or args.members or args.train_extra is None):
+        raise SystemExit("--keep-sources is --train-extra's control: it takes --train-extra alone, "
+                         "without --steps, --lora-dropout or --members")
     profile = dataclasses.replace(profile_named(index["profile"]), **{field: value for field, _, value in tried})
+    if args.train_extra is not None:
+        profile = dataclasses.replace(profile, world=dataclasses.replace(profile.world, train_extra=args.train_extra))
+        check_size(profile.world)
     if args.lora_dropout:  # known before any member's sources are fine-tuned, not at one of them
         refuse_dropout_where_unsupported(args.zoo, index, members, args.lora_dropout)
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
-    copy_without_sources(args.zoo, args.work, members)
-    name = args.name or "-".join(f"{label}-{value:g}" for _, label, value in tried)
+    copy_without_sources(args.zoo, args.work, [] if args.keep_sources else members)
+    if args.train_extra is not None:
+        rewrite_train_splits(args.zoo, args.work, profile)
+        tried.append(("", "train-extra", args.train_extra))
+    name = args.name or "-".join(f"{label}-{value:g}" for _, label, value in tried) + ("-control" if args.keep_sources
+                                                                                        else "")
     build_and_report(args.work, profile, args.out, name)
+
+
+def rewrite_train_splits(zoo: Path, work: Path, profile) -> None:
+    """Every task's splits written again for the profile's world (its train splits larger), and
+    checked: every file of the committed zoo's splits comes out the same."""
+    index = read_index(work)
+    index["world"] = world_fields(profile)["world"]
+    write_json_atomic(work / "world" / "world.json", index["world"])
+    write_json_atomic(work / INDEX, index)
+    for task in (*profile.tasks, *profile.in_distribution_tasks):
+        shutil.rmtree(work / "world" / "tasks" / task / "train", ignore_errors=True)  # ensure_task writes it all again
+    write_world_once(work, profile)
+    differ = different_split_files(zoo, work)
+    if differ:
+        raise SystemExit(f"{work}: {len(differ)} task-split files differ from {zoo}'s (first: {differ[0]})")
 
 
 def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str], dropout: float) -> None:
@@ -93,6 +128,17 @@ def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str],
             refusals.append(error.message)
     if refusals:
         raise SystemExit("; ".join(refusals) + " (name the other members with --members)")
+
+
+def different_split_files(committed: Path, trial: Path) -> list[str]:
+    """Files of the committed zoo's task splits (those it holds) that the trial's world lacks or
+    writes differently."""
+    differ = []
+    for path in sorted(p for p in (committed / "world" / "tasks").rglob("*") if p.is_file()):
+        twin = trial / "world" / "tasks" / path.relative_to(committed / "world" / "tasks")
+        if not twin.is_file() or not filecmp.cmp(path, twin, shallow=False):
+            differ.append(str(path.relative_to(committed)))
+    return differ
 
 
 def zoo_index(zoo: Path) -> dict:

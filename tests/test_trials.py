@@ -134,3 +134,27 @@ def test_a_dropout_trial_names_a_member_whose_lora_cannot_take_it_before_fine_tu
     monkeypatch.setattr("sys.argv", [*argv, "--members", "clip"])
     source_trial.main()  # clip's LoRA is on modules: the trial goes ahead
     assert called and (work / "zoo.json").is_file()
+
+
+def test_an_extra_train_trial_grows_only_the_train_splits_and_its_control_keeps_the_sources(zoo, tmp_path,
+                                                                                              monkeypatch):
+    called = []
+    monkeypatch.setattr(source_trial, "build_and_report", lambda work, profile, out, name: called.append(
+        (profile.world.train_extra, name)))
+    for keep, work in ((True, tmp_path / "control"), (False, tmp_path / "trial")):
+        monkeypatch.setattr("sys.argv", ["source_trial", "--zoo", str(zoo), "--work", str(work), "--train-extra", "2",
+                                         *(["--keep-sources"] if keep else [])])
+        source_trial.main()
+        assert read_index(work)["world"]["train_extra"] == 2
+        for task in TINY.tasks:
+            ours, theirs = (tree_digest(root / "world" / "tasks" / task) for root in (work, zoo))
+            assert all(ours.get(name) == digest for name, digest in theirs.items()), task  # probes, test, train
+            classes = len(build.world_module("image").TASKS[task][0])
+            assert len(set(ours) - set(theirs)) == 2 * classes and all("/train/" in f"/{n}" for n in set(ours) - set(theirs))
+        assert any((work / "sources").rglob("adapter_config.json")) is keep  # the control scores the committed ones
+    assert called == [(2, "train-extra-2-control"), (2, "train-extra-2")]
+    monkeypatch.setattr("sys.argv", ["source_trial", "--zoo", str(zoo), "--work", str(tmp_path / "x"), "--steps", "5",
+                                     "--keep-sources"])
+    with pytest.raises(SystemExit, match="--keep-sources is --train-extra's control: it takes --train-extra alone"):
+        source_trial.main()
+    assert not (tmp_path / "x").exists()

@@ -107,4 +107,6 @@ def test_the_audio_world_refuses_the_image_worlds_styles_and_shifts(tmp_path):
         write_world(tmp_path, dataclasses.replace(SMALL, pretrain_style="spread"))
     with pytest.raises(InputError, match="the audio world has no downstream shift 'per-task'"):
         write_task(tmp_path, "pitch", dataclasses.replace(SMALL, downstream_shift="per-task"))
+    with pytest.raises(InputError, match=r"the audio world draws no extra fine-tuning clips \(train_extra 5\)"):
+        write_task(tmp_path, "pitch", dataclasses.replace(SMALL, train_extra=5))
     assert not tmp_path.joinpath("pretrain").exists() and not tmp_path.joinpath("tasks").exists()

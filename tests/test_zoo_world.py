@@ -159,3 +159,19 @@ def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_sc
     noisy, _ = drawn(dataclasses.replace(PLAIN, noise=20.0))
     residual = (noisy - plain)[(plain > 60) & (plain < 195)]  # away from clipping at 0 and 255
     assert abs(residual.std() - 20.0) < 2.0 and abs(residual.mean()) < 1.5
+
+
+def test_extra_train_images_are_added_without_changing_any_other_file(tmp_path):
+    write_world(tmp_path / "base", SMALL, seed=2)
+    write_world(tmp_path / "more", dataclasses.replace(SMALL, train_extra=3), seed=2)
+    base, more = tree_digest(tmp_path / "base"), tree_digest(tmp_path / "more")
+    assert all(more.get(name) == digest for name, digest in base.items())  # every file as it was
+    added = sorted(set(more) - set(base))
+    expected = sorted(f"tasks/{task}/train/{label}/{i:04d}.png" for task, (classes, _) in TASKS.items()
+                      for label in classes for i in range(SMALL.train, SMALL.train + 3))
+    assert added == expected
+    for task, path in {task: tmp_path / "more" / "tasks" / task / "task.yaml" for task in TASKS}.items():
+        pairs = labelled_files(path.parent / "train", load_task(path).classes)
+        assert len(pairs) == (SMALL.train + 3) * len(TASKS[task][0])
+    with pytest.raises(InputError, match="train_extra is -1"):
+        write_task(tmp_path / "less", "colour", dataclasses.replace(SMALL, train_extra=-1))

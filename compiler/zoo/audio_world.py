@@ -123,7 +123,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     """root/pretrain/{clips/*.wav, captions.jsonl}; root/tasks/<task>/{task.yaml, probes/,
     train/<class>/, test/<class>/}. Returns task name -> task file. With `size.pretrain == 0`
     only the task splits are written, byte for byte those of any larger world."""
-    check_styles(size)
+    check_size(size)
     rng = random.Random(f"audio/{seed}/pretrain")
     lines = []
     for i in range(size.pretrain):
@@ -135,17 +135,21 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     return {task: write_task(root, task, size, seed) for task in TASKS}
 
 
-def check_styles(size: WorldSize) -> None:
-    """The image world's styles have no meaning for clips: their one shift is the sample rate."""
+def check_size(size: WorldSize) -> None:
+    """The image world's styles have no meaning for clips (their one shift is the sample rate),
+    and extra fine-tuning clips are not drawn here."""
     if size.pretrain_style != "plain":
         raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
     if size.downstream_shift != "shared":
         raise InputError(f"the audio world has no downstream shift {size.downstream_shift!r}", "use 'shared'")
+    if size.train_extra:
+        raise InputError(f"the audio world draws no extra fine-tuning clips (train_extra {size.train_extra})",
+                         "use 0, or more train clips per class")
 
 
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
     """One task's folder (probes, train and test splits, task.yaml) from its own random stream."""
-    check_styles(size)
+    check_size(size)
     classes, templates = TASKS[task]
     folder, rng = root / "tasks" / task, random.Random(f"audio/{seed}/{task}")
     for i in range(size.probes):

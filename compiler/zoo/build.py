@@ -57,9 +57,10 @@ def read_index(root: Path) -> dict:
     if not path.is_file():
         return {}
     index = json.loads(path.read_text())
-    if "world" in index:  # written before worlds had these choices: theirs were plain and shared
+    if "world" in index:  # written before worlds had these choices: theirs were plain, shared, none
         index["world"].setdefault("pretrain_style", "plain")
         index["world"].setdefault("downstream_shift", "shared")
+        index["world"].setdefault("train_extra", 0)
     return index
 
 

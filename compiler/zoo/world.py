@@ -235,6 +235,7 @@ class WorldSize:
     test: int = 60          # held-out labelled images per class, never fitted on
     pretrain_style: str = "plain"  # how the pretraining images are drawn: PRETRAIN_STYLES
     downstream_shift: str = "shared"  # one shift for every task's splits, or each its own: DOWNSTREAM_SHIFTS
+    train_extra: int = 0    # more fine-tuning images per class, from a stream of their own
 
 
 def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
@@ -249,7 +250,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
     from PIL import Image
 
-    check_styles(size)
+    check_size(size)
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
 
@@ -273,12 +274,14 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     return {task: write_task(root, task, size, seed) for task in TASKS}
 
 
-def check_styles(size: WorldSize) -> None:
+def check_size(size: WorldSize) -> None:
     if size.pretrain_style not in PRETRAIN_STYLES:
         raise InputError(f"unknown pretraining style {size.pretrain_style!r}", f"styles: {', '.join(PRETRAIN_STYLES)}")
     if size.downstream_shift not in DOWNSTREAM_SHIFTS:
         raise InputError(f"unknown downstream shift {size.downstream_shift!r}",
                          f"shifts: {', '.join(DOWNSTREAM_SHIFTS)}")
+    if size.train_extra < 0:
+        raise InputError(f"train_extra is {size.train_extra}", "extra fine-tuning images per class: 0 or more")
 
 
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
@@ -286,16 +289,16 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
     so a task added to an existing world is written without touching the others."""
     from PIL import Image
 
-    check_styles(size)
+    check_size(size)
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
     attribute, style = attribute_of(task), task_style(task, size.downstream_shift)
     classes, templates = TASKS[attribute]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
 
-    def save(scene: Scene, path: Path) -> None:
+    def save(scene: Scene, path: Path, stream: random.Random = rng) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(scene, rng, images, style)).save(path)
+        Image.fromarray(render(scene, stream, images, style)).save(path)
 
     for i in range(size.probes):
         save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png")
@@ -303,6 +306,13 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
         for label in classes:
             for i in range(count):
                 save(sample_scene(rng, pool, targets, fixed={attribute: label}), folder / split / label / f"{i:04d}.png")
+    # Extra fine-tuning images are drawn last, from a stream of their own, numbered on from the
+    # train split's: every other split stays byte for byte what a world without them holds.
+    extra = random.Random(f"{seed}/{task}/train-extra")
+    for label in classes:
+        for i in range(size.train, size.train + size.train_extra):
+            save(sample_scene(extra, fit_pool, targets, fixed={attribute: label}),
+                 folder / "train" / label / f"{i:04d}.png", extra)
     path = folder / "task.yaml"
     path.write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
                                     "templates": list(templates)}, sort_keys=False))
