@@ -95,11 +95,11 @@ def main() -> None:
     if args.work.exists():
         raise SystemExit(f"{args.work} exists: remove it, or name another --work")
     copy_without_sources(args.zoo, args.work, [] if args.keep_sources else members)
+    labels = [f"{label}-{value:g}" for _, label, value in tried]
     if args.train_extra is not None:
         rewrite_train_splits(args.zoo, args.work, profile)
-        tried.append(("", "train-extra", args.train_extra))
-    name = args.name or "-".join(f"{label}-{value:g}" for _, label, value in tried) + ("-control" if args.keep_sources
-                                                                                        else "")
+        labels.append(f"train-extra-{args.train_extra}")
+    name = args.name or "-".join(labels) + ("-control" if args.keep_sources else "")
     build_and_report(args.work, profile, args.out, name)
 
 
