@@ -195,15 +195,15 @@ def test_a_profile_whose_world_changed_is_refused_not_recorded_over_the_old_worl
     assert tree_digest(copy) == before
 
 
-def test_a_zoo_written_before_pretraining_styles_and_shifts_reads_as_plain_and_shared(zoo, tmp_path):
-    """zoo.json files from before the field (the committed audio zoo's) still match their profile."""
+def test_a_zoo_written_before_its_world_fields_reads_as_the_defaults_they_now_have(zoo, tmp_path):
+    """zoo.json files from before the fields (the committed zoos') still match their profile."""
     copy = tmp_path / "zoo"
     shutil.copytree(zoo, copy)
     index = json.loads((copy / "zoo.json").read_text())
-    del index["world"]["pretrain_style"], index["world"]["downstream_shift"]
+    del index["world"]["pretrain_style"], index["world"]["downstream_shift"], index["world"]["train_extra"]
     (copy / "zoo.json").write_text(json.dumps(index))
-    assert read_index(copy)["world"]["pretrain_style"] == "plain"
-    assert read_index(copy)["world"]["downstream_shift"] == "shared"
+    world = read_index(copy)["world"]
+    assert (world["pretrain_style"], world["downstream_shift"], world["train_extra"]) == ("plain", "shared", 0)
     before = tree_digest(copy / "models")
     build_zoo(copy, TINY, echo=lambda _: None)  # nothing to do, and no refusal
     assert tree_digest(copy / "models") == before
