@@ -19,14 +19,22 @@ def _f(value, digits: int = 2) -> str:
     return f"{value:+.{digits}f}" if digits <= 2 else f"{value:.{digits}f}"
 
 
+THIN_MARGIN = 0.1  # a chosen ridge's Random-UTD within this share of the bar of it is called close
+
+
 def ridge_choice(selection: dict) -> str:
     """The ridge choice's rule and figures in one line (the report and `ptc paper` print it)."""
     figures = ", ".join(f"{r}: {g:+.2f} / {selection['train_random_utd_gain'][r]:+.2f}"
                         for r, g in selection["train_oracle_gain"].items())
     bar = selection["random_utd_bar"]
+    margin = bar - abs(selection["train_random_utd_gain"][str(selection["ridge"])])
     rule = (f"the largest Oracle gain among ridges whose Random-UTD is within +-{bar:g} point"
-            if abs(selection["train_random_utd_gain"][str(selection["ridge"])]) <= bar else
-            f"the largest Oracle gain, since no ridge kept Random-UTD within +-{bar:g} point")
+            if margin >= 0 else f"the largest Oracle gain, since no ridge kept Random-UTD within +-{bar:g} point")
+    if margin >= 0 and round(margin, 2) < THIN_MARGIN * bar:  # judged on the figure the line prints
+        # On the full zoo a margin of 0.01 point on 40 images per class did not hold on test
+        # (results/trials/README.md): a reader should know how close the choice was.
+        rule += (f", by a margin of {margin:.2f} point: on another sample, a larger selection split or the "
+                 "test split, Random-UTD at this ridge may fall outside the bar")
     return f"{rule} (Oracle / Random-UTD gain: {figures})"
 
 
