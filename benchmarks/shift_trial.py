@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 import targets
-from benchmarks.source_trial import build_and_report, zoo_index
+from benchmarks.source_trial import build_and_report, record_world, zoo_index
 from compiler.bank import Bank
 from compiler.evaluate import zero_shot_accuracy
 from compiler.fsio import write_json_atomic
@@ -39,8 +39,8 @@ AS_PLAIN, NO_HEADROOM = 0.05, 0.85  # read within 5 points of the plain style, o
 LEFT_OUT = {".": ("audio", "bank", "sources"), "world": ("pretrain", "tasks")}
 
 
-def copy_members(zoo: Path, work: Path) -> None:
-    """The zoo's members and index, with the world marked as drawn in per-task shifts."""
+def copy_members(zoo: Path, work: Path, profile) -> None:
+    """The zoo's members and index, its world recorded as the (per-task) profile's."""
     def ignored(folder: str, names: list[str]) -> list[str]:
         skip = LEFT_OUT.get(Path(folder).relative_to(zoo).as_posix(), ())
         return [name for name in names if name in skip]
@@ -50,9 +50,8 @@ def copy_members(zoo: Path, work: Path) -> None:
     for record in index["members"].values():
         record.pop("sources", None)
         record.pop("quality", None)
-    index["world"]["downstream_shift"] = SHIFT
-    write_json_atomic(work / "world" / "world.json", index["world"])
     write_json_atomic(work / INDEX, index)
+    record_world(work, profile)
 
 
 def zero_shot_on_train(work: Path, index: dict, names) -> dict[str, dict[str, float]]:
@@ -103,13 +102,12 @@ def main() -> None:
     parser.add_argument("--check-only", action="store_true", help="stop after the readability check")
     args = parser.parse_args()
     index = zoo_index(args.zoo)
-    if not args.work.exists():
-        copy_members(args.zoo, args.work)
-    elif read_index(args.work).get("world", {}).get("downstream_shift") != SHIFT:
-        raise SystemExit(f"{args.work} exists and is not a per-task shift trial: remove it, or name another --work")
     base = profile_named(index["profile"])
     profile = dataclasses.replace(base, world=dataclasses.replace(base.world, downstream_shift=SHIFT))
-    assert world_fields(profile)["world"] == read_index(args.work)["world"], "the trial's world is the profile's"
+    if not args.work.exists():
+        copy_members(args.zoo, args.work, profile)
+    elif read_index(args.work).get("world") != world_fields(profile)["world"]:
+        raise SystemExit(f"{args.work} exists and is not a per-task shift trial: remove it, or name another --work")
     write_world_once(args.work, profile)
     print("zero-shot on each task's train split:", flush=True)
     unfit = unfit_styles(args.work, index, profile)

@@ -106,16 +106,22 @@ def main() -> None:
 def rewrite_train_splits(zoo: Path, work: Path, profile) -> None:
     """Every task's splits written again for the profile's world (its train splits larger), and
     checked: every file of the committed zoo's splits comes out the same."""
-    index = read_index(work)
-    index["world"] = world_fields(profile)["world"]
-    write_json_atomic(work / "world" / "world.json", index["world"])
-    write_json_atomic(work / INDEX, index)
+    record_world(work, profile)
     for task in (*profile.tasks, *profile.in_distribution_tasks):
         shutil.rmtree(work / "world" / "tasks" / task / "train", ignore_errors=True)  # ensure_task writes it all again
     write_world_once(work, profile)
     differ = different_split_files(zoo, work)
     if differ:
         raise SystemExit(f"{work}: {len(differ)} task-split files differ from {zoo}'s (first: {differ[0]})")
+
+
+def record_world(work: Path, profile) -> None:
+    """Record the profile's world as the trial zoo's, in its world.json and its index, so that
+    `ptc zoo build` writes that world's splits and finishes the zoo under that profile."""
+    index = read_index(work)
+    index["world"] = world_fields(profile)["world"]
+    write_json_atomic(work / "world" / "world.json", index["world"])
+    write_json_atomic(work / INDEX, index)
 
 
 def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str], dropout: float) -> None:

@@ -189,7 +189,6 @@ def test_open_clip_source_into_an_hf_clip_target(world, open_clip_models, bank_c
     assert json.loads((tmp_path / "out" / "report.json").read_text())["verify"]["linearity"]["max_rel_diff_fp64"] <= 1e-12
 
 
-
 def test_lora_dropout_on_a_vit_whose_lora_adapts_parameters_is_refused_in_one_line(world, open_clip_models,
                                                                                     bank_copy, tmp_path):
     # An open_clip ViT's LoRA adapts in_proj_weight through peft's ParamWrapper, which has no
@@ -206,6 +205,7 @@ def test_lora_dropout_on_a_vit_whose_lora_adapts_parameters_is_refused_in_one_li
                      world.tasks["colour"].parent / "train", "--out", tmp_path / "lora", "--steps", "2",
                      "--bank", bank_copy)
     assert result.returncode == 0, result.stderr  # without dropout the same model fine-tunes
+
 
 def test_open_clip_refuses_an_adapter_of_another_model_with_a_clear_line(world, open_clip_models, bank_copy):
     result = run_ptc("descriptor", "add", "--task", "colour", "--source",

@@ -65,7 +65,6 @@ def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr
 
 
-
 def test_lora_dropout_reaches_training_and_the_adapter_records_it(world, bank_copy, tmp_path):
     """`--lora-dropout` is peft's lora_dropout: recorded in the adapter's config and its card,
     it changes what training learns (same seed, other factors), and `ptc descriptor add` reads
@@ -98,6 +97,7 @@ def test_lora_dropout_outside_its_range_is_refused_before_anything_is_written(wo
     assert result.returncode == 2
     assert "LoRA dropout 1.0 is outside [0, 1)" in result.stderr and "--lora-dropout takes" in result.stderr
     assert not (tmp_path / "lora").exists()
+
 
 def test_resolve_model_of_a_build_output(built):
     out, _ = built

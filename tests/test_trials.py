@@ -17,7 +17,7 @@ from benchmarks.source_trial import build_and_report
 from compiler.errors import InputError
 from compiler.zoo import build
 from compiler.zoo.build import build_zoo, profile_named, read_index, write_world_once
-from compiler.zoo.world import write_task
+from compiler.zoo.world import TASKS, write_task
 from conftest import tree_digest
 
 TINY = profile_named("tiny")
@@ -85,13 +85,13 @@ def test_shapes_swap_every_members_options_and_each_shape_builds_at_its_declared
 
 def test_a_shift_trial_keeps_the_members_and_draws_every_split_again_in_its_shift(zoo, tmp_path):
     work = tmp_path / "trial"
-    copy_members(zoo, work)
+    per_task = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, downstream_shift="per-task"))
+    copy_members(zoo, work, per_task)
     assert tree_digest(work / "models") == tree_digest(zoo / "models")
     assert not any((work / part).exists() for part in ("sources", "bank", "world/tasks", "world/pretrain"))
     index = read_index(work)
     assert index["world"]["downstream_shift"] == "per-task"
     assert all(not {"sources", "quality"} & set(record) for record in index["members"].values())
-    per_task = dataclasses.replace(TINY, world=dataclasses.replace(TINY.world, downstream_shift="per-task"))
     write_world_once(work, per_task)
     for task in TINY.tasks:  # every split written again, byte for byte the per-task world's
         write_task(tmp_path / "expected", task, per_task.world, per_task.seed)
@@ -149,7 +149,7 @@ def test_an_extra_train_trial_grows_only_the_train_splits_and_its_control_keeps_
         for task in TINY.tasks:
             ours, theirs = (tree_digest(root / "world" / "tasks" / task) for root in (work, zoo))
             assert all(ours.get(name) == digest for name, digest in theirs.items()), task  # probes, test, train
-            classes = len(build.world_module("image").TASKS[task][0])
+            classes = len(TASKS[task][0])
             assert len(set(ours) - set(theirs)) == 2 * classes and all("/train/" in f"/{n}" for n in set(ours) - set(theirs))
         assert any((work / "sources").rglob("adapter_config.json")) is keep  # the control scores the committed ones
     assert called == [(2, "train-extra-2-control"), (2, "train-extra-2")]

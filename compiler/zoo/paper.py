@@ -349,11 +349,8 @@ def agreement(zoo: Zoo, seed: int) -> dict:
             for other in zoo.source_tasks:
                 if other == task:
                     continue
-                record = zoo.bank.task(other)
-                grid = zoo.view(member).grids[other]
-                moved = embed_probe_files(tuned, list(record.probes), 64, f"cross-task {task}->{other}", False)
-                crossed = task_descriptor(moved, grid.inputs, grid.class_rows)
-                pairs_different.append((crossed, zoo.descriptor(other, member, seed)))
+                pairs_different.append((descriptor_on_grid(zoo, member, tuned, other),
+                                        zoo.descriptor(other, member, seed)))
     same, different = [cosine(a, b) for a, b in pairs_same], [cosine(a, b) for a, b in pairs_different]
     centred_by_task = {task: _centred_cosines(pairs) for task, pairs in same_by_task.items()}
     by_row = {"same": [v for values in centred_by_task.values() for v in values],
@@ -366,6 +363,14 @@ def agreement(zoo: Zoo, seed: int) -> dict:
             "different_task_cosine_centred": _mean(by_row["different"]),
             "centred_pairs": {"same": len(by_row["same"]), "different": len(by_row["different"]),
                               "left_out": len(same) + len(different) - len(by_row["same"]) - len(by_row["different"])}}
+
+
+def descriptor_on_grid(zoo: Zoo, member: str, tuned, task: str) -> torch.Tensor:
+    """What a fine-tuned copy of `member` (on any task) does to `task`'s grid: its affinity change
+    there, against the member's own pre-trained embeddings of the grid."""
+    grid = zoo.view(member).grids[task]
+    moved = embed_probe_files(tuned, list(zoo.bank.task(task).probes), 64, f"{member} on {task}'s grid", False)
+    return task_descriptor(moved, grid.inputs, grid.class_rows)
 
 
 def _centred_cosines(pairs) -> list[float]:
