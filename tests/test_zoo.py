@@ -284,6 +284,52 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
     assert results["addition"]["cells"] == len(TINY.members) * (len(TINY.members) - 1) * len(TINY.source_tasks) * len(TINY.seeds)
 
 
+def test_composed_retention_is_the_papers_protocol_recomputed_from_the_bank(zoo, results):
+    """Table 1's two-task cells: each task's term from the other member at alpha 0.5, against the
+    target's own two terms (the Oracle), recomputed here from the bank for every seed."""
+    harness = paper.Zoo(zoo)
+    harness.use_ridge(results["ridge"])
+    task_a, task_b = TINY.source_tasks  # one pair; with two members one source per term
+    cross, oracle = {"a": [], "b": []}, {"a": [], "b": []}
+    for seed in TINY.seeds:
+        for target, other in (TINY.members[0].name, TINY.members[1].name), (TINY.members[1].name, TINY.members[0].name):
+            view = harness.view(target)
+            for gains, source in ((cross, other), (oracle, target)):
+                edit = (view.operator(task_a, harness.descriptor(task_a, source, seed), 0.5)
+                        + view.operator(task_b, harness.descriptor(task_b, source, seed), 0.5))
+                for position, task in (("a", task_a), ("b", task_b)):
+                    gains[position].append(100 * (view.accuracy(task, edit) - view.accuracy(task)))
+    composition = results["addition"]["composition"]
+    assert composition["cells"] == len(cross["a"]) == 2 * len(TINY.seeds)
+    for position in "ab":
+        assert composition[f"gain_{position}"] == pytest.approx(sum(cross[position]) / len(cross[position]))
+        assert composition[f"oracle_gain_{position}"] == pytest.approx(sum(oracle[position]) / len(oracle[position]))
+    pooled = sum(cross["a"] + cross["b"]) / sum(oracle["a"] + oracle["b"])
+    assert composition["retention"] == pytest.approx(pooled, nan_ok=True)
+    by_task = composition["per_task"][task_b]
+    assert by_task["oracle_gain"] == pytest.approx(sum(oracle["b"]) / len(oracle["b"]))
+    assert by_task["cells"] == len(cross["b"])
+    text = report.markdown(results, "paper-tiny")
+    assert f"| Oracle | {report._f(composition['oracle_gain_a'])} | {report._f(composition['oracle_gain_b'])} |" in text
+    assert "| Paper's retention | 0.80 | 0.74 | |" in text
+    assert any("two-task composed cells, the paper's protocol" in line for line in report.findings(results))
+
+
+def test_a_report_written_before_the_composed_oracle_still_renders(results):
+    """Committed trial reports carry only the composed cross-model gains: their markdown is
+    rendered again from JSON, so the report must read them as they are."""
+    old = json.loads(json.dumps(results))
+    old["addition"]["composition"] = {key: old["addition"]["composition"][key]
+                                      for key in ("gain_a", "gain_b", "control_delta", "cells")}
+    for row in old["seeds"]:
+        del row["composed_retention"]
+    del old["seed_spread"]["composed_retention"]
+    text = report.markdown(old, "old")
+    assert f"Two-task composition (Table 1), {old['addition']['composition']['cells']} cells: task A" in text
+    assert "Composed retention over seeds" not in text
+    assert not any("composed cells, the paper's protocol" in line for line in report.findings(old))
+
+
 def test_ptc_paper_writes_json_markdown_and_plots(zoo, tmp_path):
     out = tmp_path / "results"
     result = run_ptc("paper", "--profile", "tiny", "--root", zoo, "--out", out)

@@ -46,7 +46,9 @@ SPLITS = ("test", "train")  # what `ptc paper --split` scores
 
 # The paper's figures this harness prints beside its own (../shared/seeds/).
 PAPER = {
-    "addition.retention": "0.74-0.80 (cross-model gain / Oracle gain)",
+    "addition.retention": "0.74-0.80 (cross-model gain / Oracle gain, on two-task composed cells)",
+    "addition.composition.retention_a": 0.80,
+    "addition.composition.retention_b": 0.74,
     "addition.random_utd_gain": "no gain (structureless descriptors collapse performance)",
     "agreement.same_task_cosine": 0.473,
     "agreement.different_task_cosine": 0.227,
@@ -275,23 +277,53 @@ def worst_source(cells: list[dict]) -> dict | None:
 
 def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
     """Table 1's two-task addition: tasks A and B from two other members (one each where the
-    zoo has them) onto a target at alpha each, scored on A, B and the control."""
+    zoo has them) onto a target at alpha each, scored on A, B and the control, each cell paired
+    with its Oracle: the same two terms from the target's own descriptors. The paper's 0.80 and
+    0.74 are retention on these cells, its Table 14 per task over them."""
     cells = []
     for target in zoo.members:
         view = zoo.view(target)
         others = [m for m in zoo.members if m != target]
-        for task_a, task_b in itertools.combinations(zoo.source_tasks, 2):
-            for source_a, source_b in itertools.product(others, others):
-                if source_a == source_b and len(others) > 1:
+        for tasks in itertools.combinations(zoo.source_tasks, 2):
+            oracle = _composed(zoo, view, tasks, (target, target), seed)
+            for sources in itertools.product(others, others):
+                if sources[0] == sources[1] and len(others) > 1:
                     continue
-                edit = (view.operator(task_a, zoo.descriptor(task_a, source_a, seed), ALPHA)
-                        + view.operator(task_b, zoo.descriptor(task_b, source_b, seed), ALPHA))
-                cells.append({"target": target, "tasks": [task_a, task_b], "sources": [source_a, source_b],
-                              "seed": seed,
-                              "gain_a": _points(view.accuracy(task_a, edit), view.accuracy(task_a)),
-                              "gain_b": _points(view.accuracy(task_b, edit), view.accuracy(task_b)),
-                              "control_delta": _control_delta(view, zoo.controls, edit)})
+                cells.append({"target": target, "tasks": list(tasks), "sources": list(sources), "seed": seed,
+                              "zero_shot": [100 * view.accuracy(task) for task in tasks],
+                              **_composed(zoo, view, tasks, sources, seed),
+                              **{f"oracle_{key}": value for key, value in oracle.items()}})
     return cells
+
+
+def _composed(zoo: Zoo, view: TargetView, tasks: tuple[str, str], sources: tuple[str, str], seed: int) -> dict:
+    """Gains on both tasks and the control's delta when each task's term comes from its source."""
+    edit = sum(view.operator(task, zoo.descriptor(task, source, seed), ALPHA) for task, source in zip(tasks, sources))
+    return {"gain_a": _points(view.accuracy(tasks[0], edit), view.accuracy(tasks[0])),
+            "gain_b": _points(view.accuracy(tasks[1], edit), view.accuracy(tasks[1])),
+            "control_delta": _control_delta(view, zoo.controls, edit)}
+
+
+def composed_rows(cells: list[dict]) -> list[dict]:
+    """Each composed cell as two task rows (its task A and its task B) in the single-task cells'
+    keys, so that `retention` and `per_task` read them as they read those."""
+    return [{"task": cell["tasks"][i], "position": position, "seed": cell["seed"], "target": cell["target"],
+             "source": cell["sources"][i], "zero_shot": cell["zero_shot"][i],
+             "cross_model_gain": cell[f"gain_{position}"], "oracle_gain": cell[f"oracle_gain_{position}"]}
+            for cell in cells for i, position in enumerate("ab")]
+
+
+def composition_summary(cells: list[dict], zoo: Zoo) -> dict:
+    """Table 1's composed rows and Table 14's per-task retention, pooled over cells and seeds."""
+    rows = composed_rows(cells)
+    at = {position: [r for r in rows if r["position"] == position] for position in "ab"}
+    return {"gain_a": _mean(c["gain_a"] for c in cells), "gain_b": _mean(c["gain_b"] for c in cells),
+            "control_delta": _mean(c["control_delta"] for c in cells),
+            "oracle_gain_a": _mean(c["oracle_gain_a"] for c in cells),
+            "oracle_gain_b": _mean(c["oracle_gain_b"] for c in cells),
+            "oracle_control_delta": _mean(c["oracle_control_delta"] for c in cells),
+            "retention_a": retention(at["a"]), "retention_b": retention(at["b"]), "retention": retention(rows),
+            "per_task": per_task(rows, zoo), "cells": len(cells)}
 
 
 # -- negation (Table 16, Figure 2) ----------------------------------------------------------------
@@ -454,10 +486,12 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
     zoo.use_ridge(selection["ridge"])
     echo(f"paper: zoo {zoo.index['profile']} at {root}: {len(zoo.members)} members, "
          f"{len(zoo.source_tasks)} source tasks + control {', '.join(zoo.controls)}, seeds {zoo.seeds}")
-    per_seed, all_cells, weight_space = [], [], []
+    per_seed, all_cells, weight_space, composed = [], [], [], []
     for seed in zoo.seeds:
         cells = addition_cells(zoo, seed)
         all_cells += cells
+        composed_now = composition_cells(zoo, seed)
+        composed += composed_now
         ws = weight_space_cells(zoo, seed)
         weight_space += ws
         per_seed.append({"seed": seed, "retention": retention(cells),
@@ -465,11 +499,11 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
                          "oracle_gain": _mean(c["oracle_gain"] for c in cells),
                          "random_utd_gain": _mean(c["random_utd_gain"] for c in cells),
                          "control_delta": _mean(c["control_delta"] for c in cells),
+                         "composed_retention": retention(composed_rows(composed_now)),
                          "weight_space_gain": _mean(c["gain"] for c in ws)})
         echo(f"  seed {seed}: retention {per_seed[-1]['retention']:.3f}, cross-model "
              f"{per_seed[-1]['cross_model_gain']:+.2f} / Oracle {per_seed[-1]['oracle_gain']:+.2f} points")
     first = zoo.seeds[0]
-    composed = composition_cells(zoo, first)
     room = headroom.run(train_zoo, first)
     echo(f"  Oracle headroom (train split): fine-tuned {room['mean']['finetuned']:.1f}%, linear probe "
          f"{room['mean']['linear_probe']:.1f}%, Oracle at 0.5 {room['mean']['oracle_half']:.1f}%")
@@ -490,10 +524,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
                      "finetuned_gain": _finetuned_gain(zoo),
                      "cells": len(all_cells), "per_task": per_task(all_cells, zoo),
                      "per_pair": per_pair(all_cells), "worst_source": worst_source(all_cells),
-                     "composition": {"gain_a": _mean(c["gain_a"] for c in composed),
-                                     "gain_b": _mean(c["gain_b"] for c in composed),
-                                     "control_delta": _mean(c["control_delta"] for c in composed),
-                                     "cells": len(composed)}},
+                     "composition": composition_summary(composed, zoo)},
         "headroom": room,
         "negation": negation_sweep(zoo, first),
         "agreement": agreement(zoo, first),
@@ -501,8 +532,8 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
         "scaling": scaling(zoo, first),
         "seeds": per_seed,
         "seed_spread": {key: _spread(s[key] for s in per_seed)
-                        for key in ("retention", "cross_model_gain", "oracle_gain", "random_utd_gain",
-                                    "control_delta")},
+                        for key in ("retention", "composed_retention", "cross_model_gain", "oracle_gain",
+                                    "random_utd_gain", "control_delta")},
         "beyond": beyond_results,
         "certify": certified,
         "zoo_quality": {m: zoo.index["members"][m].get("quality", {}) for m in zoo.members},
