@@ -315,6 +315,92 @@ def test_composed_retention_is_the_papers_protocol_recomputed_from_the_bank(zoo,
     assert any("two-task composed cells, the paper's protocol" in line for line in report.findings(results))
 
 
+def test_addition_against_strength_recomputed_at_full_strength(zoo, results):
+    """Table 12 at alpha 1, first seed: the composition, A's term alone (and what it does to B),
+    and the Oracle's composition, recomputed from the bank."""
+    harness = paper.Zoo(zoo)
+    harness.use_ridge(results["ridge"])
+    (task_a, task_b), seed = TINY.source_tasks, TINY.seeds[0]
+    ours, alone, oracle = [], [], []
+    for target, other in (TINY.members[0].name, TINY.members[1].name), (TINY.members[1].name, TINY.members[0].name):
+        view = harness.view(target)
+        term = lambda task, source: view.operator(task, harness.descriptor(task, source, seed), 1.0)  # noqa: E731
+        points = lambda task, edit: 100 * (view.accuracy(task, edit) - view.accuracy(task))  # noqa: E731
+        ours.append(points(task_a, term(task_a, other) + term(task_b, other)))
+        alone.append(points(task_b, term(task_a, other)))
+        oracle.append(points(task_a, term(task_a, target) + term(task_b, target)))
+    at_one = results["strength"]["1"]
+    assert set(results["strength"]) == {"0.25", "0.5", "0.75", "1"} and at_one["cells"] == 2
+    assert at_one["ours"]["gain_a"] == pytest.approx(sum(ours) / 2)
+    assert at_one["single_a"]["gain_b"] == pytest.approx(sum(alone) / 2)
+    assert at_one["oracle"]["gain_a"] == pytest.approx(sum(oracle) / 2)
+    text = report.markdown(results, "paper-tiny")
+    assert "| 1 | Single-A (A's term alone) |" in text and "+21.79 | -4.39 | -3.64 |" in text
+
+
+def test_where_the_residual_reaches_the_edit_recomputed_for_one_cell(zoo, results):
+    """Table 8 for zoo:clip as the target of zoo:vit's first task: its operator acts on the
+    embedding itself, so the shift field is the probes' embeddings times the edit."""
+    from compiler.descriptor import cosine
+
+    harness = paper.Zoo(zoo)
+    harness.use_ridge(results["ridge"])
+    task, seed = TINY.source_tasks[0], TINY.seeds[0]
+    view = harness.view("clip")
+    assert view.grids[task].regressors is None
+    own, theirs = harness.descriptor(task, "clip", seed), harness.descriptor(task, "vit", seed)
+    own_edit, edit = view.operator(task, own, 0.5), view.operator(task, theirs, 0.5)
+    z = view.grids[task].inputs.double()
+    row = next(r for r in results["residual"]["rows"] if (r["target"], r["task"]) == ("clip", task))
+    assert row["source"] == "vit"
+    assert row["descriptor"] == pytest.approx(cosine(theirs, own))
+    assert row["operator"] == pytest.approx(cosine(edit, own_edit))
+    assert row["shift_field"] == pytest.approx(cosine(z @ edit.T, z @ own_edit.T))
+    assert row["amplification"] == pytest.approx(
+        float(((edit - own_edit).norm() / own_edit.norm()) / ((theirs - own).norm() / own.norm())))
+    assert "### Where the cross-model residual reaches the edit (Table 8" in report.markdown(results, "paper-tiny")
+
+
+def test_table_8_columns_on_known_cells():
+    """Two (target, task) pairs of three sources each, with gains and agreements set by hand."""
+    from compiler.zoo import residual
+
+    def row(target, source, agreement, gain, oracle=10.0):
+        return {"target": target, "task": "t", "source": source, "descriptor": agreement, "operator": -agreement,
+                "shift_field": agreement, "amplification": agreement, "gain": gain, "oracle_gain": oracle}
+    rows = [row("x", "a", 0.9, 9.0), row("x", "b", 0.5, 5.0), row("x", "c", 0.1, 1.0),
+            row("y", "a", 0.6, 8.0), row("y", "b", 0.8, 2.0), row("y", "c", 0.2, 4.0, oracle=2.0)]
+    table = residual.summarise(rows)
+    assert table["scored_cells"] == 5  # y/c's Oracle gains under 3 points
+    # Best source: x's most agreeing source (a) transfers most; y's (b) does not, nor its least (c).
+    assert (table["descriptor"]["best_source_hits"], table["descriptor"]["pairs"]) == (1, 2)
+    assert table["operator"]["best_source_hits"] == 0  # reversed: c agrees most at x, c at y: both misses
+    # Forfeited shares 0.1, 0.5, 0.9, 0.2, 0.8 against agreements 0.9, 0.5, 0.1, 0.6, 0.8: ranks
+    # (1, 3, 5, 2, 4) against (5, 2, 1, 3, 4), so rho = 1 - 6 * (16 + 1 + 16 + 1 + 0) / (5 * 24) = -0.7.
+    assert table["descriptor"]["rank_correlation"] == pytest.approx(-0.7)
+    assert table["operator"]["rank_correlation"] == pytest.approx(0.7)
+    assert table["amplification"] == pytest.approx(0.55)  # median of the six
+    assert table["descriptor"]["agreement"] == pytest.approx(3.1 / 6)
+
+
+def test_the_diagnosis_says_the_oracle_is_short_of_its_plateau_only_when_it_is():
+    from compiler.zoo import residual
+
+    place = {"agreement": 0.5, "rank_correlation": -0.3, "best_source_hits": 1, "pairs": 2}
+    table8 = {"descriptor": place, "operator": place, "shift_field": place, "amplification": 1.2}
+    paper_figures = {"residual": residual.PAPER, "strength": paper.PAPER["strength"]}
+
+    def sweep(oracle_at_one):
+        gains = lambda a, b: {"gain_a": a, "gain_b": b, "control_delta": 0.0}  # noqa: E731
+        return {"0.5": {"ours": gains(8, 8), "oracle": gains(12, 12), "retention": 0.67},
+                "1": {"ours": gains(9, 8), "oracle": gains(oracle_at_one, oracle_at_one), "retention": 0.5}}
+    rising = report._where_retention_goes(table8, sweep(16), paper_figures)
+    assert "composed transfer moves +1.00 / +0.00 points on tasks A / B (paper +0.33 / -1.18)" in rising
+    assert "the Oracle's composition +4.00 / +4.00: the Oracle still rises past 0.5" in rising
+    assert rising.endswith("composed retention by strength 0.5: 0.67, 1: 0.50")
+    assert "still rises" not in report._where_retention_goes(table8, sweep(13), paper_figures)
+
+
 def test_a_report_written_before_the_composed_oracle_still_renders(results):
     """Committed trial reports carry only the composed cross-model gains: their markdown is
     rendered again from JSON, so the report must read them as they are."""
@@ -324,10 +410,13 @@ def test_a_report_written_before_the_composed_oracle_still_renders(results):
     for row in old["seeds"]:
         del row["composed_retention"]
     del old["seed_spread"]["composed_retention"]
+    for key in ("strength", "residual"):
+        del old[key], old["paper"][key]
     text = report.markdown(old, "old")
     assert f"Two-task composition (Table 1), {old['addition']['composition']['cells']} cells: task A" in text
     assert "Composed retention over seeds" not in text
     assert not any("composed cells, the paper's protocol" in line for line in report.findings(old))
+    assert "Table 12" not in text and "Table 8" not in text
 
 
 def test_ptc_paper_writes_json_markdown_and_plots(zoo, tmp_path):

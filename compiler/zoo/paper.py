@@ -31,7 +31,7 @@ from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
 from ..evaluate import zero_shot_accuracy
 from ..labelled import labelled_files
 from ..solve import edited_embeddings, factorize, solve_operator
-from . import headroom
+from . import headroom, residual
 from .build import read_index
 from .report import ridge_choice
 
@@ -42,6 +42,7 @@ ALPHA = 0.5                      # the paper's strength for addition
 RIDGES = (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5)
 RANDOM_UTD_BAR = 1.0             # points; the issue's bar for a structureless descriptor, held on train
 NEGATION_LAMBDAS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+ADDITION_STRENGTHS = (0.25, 0.5, 0.75, 1.0)  # Table 12 reports 0.5 and 1
 SPLITS = ("test", "train")  # what `ptc paper --split` scores
 
 # The paper's figures this harness prints beside its own (../shared/seeds/).
@@ -58,6 +59,12 @@ PAPER = {
     "negation.lambda_0.5.control_delta": "-1.00 (CIFAR-100), -1.73 (ImageNet)",
     "linearity.max_rel_diff_fp64": "below 5e-14 (4e-7 at stored fp32)",
     "oracle_example": "EuroSAT 50.3 -> 90.3 at alpha = 0.5, fine-tune 98.3",
+    # Table 12, two-task cross-model cells: (task A, task B, CIFAR-100) in points.
+    "strength": {"0.5": {"ours": (18.11, 11.63, -1.81), "single_a": (19.58, -1.12, -0.77),
+                         "single_b": (-1.53, 12.87, -0.94)},
+                 "1": {"ours": (18.44, 10.45, -8.18), "single_a": (21.79, -4.39, -3.64),
+                       "single_b": (-5.46, 13.77, -4.55)}},
+    "residual": residual.PAPER,
 }
 
 
@@ -296,9 +303,12 @@ def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
     return cells
 
 
-def _composed(zoo: Zoo, view: TargetView, tasks: tuple[str, str], sources: tuple[str, str], seed: int) -> dict:
-    """Gains on both tasks and the control's delta when each task's term comes from its source."""
-    edit = sum(view.operator(task, zoo.descriptor(task, source, seed), ALPHA) for task, source in zip(tasks, sources))
+def _composed(zoo: Zoo, view: TargetView, tasks: tuple[str, str], sources: tuple[str | None, str | None],
+              seed: int, alpha: float = ALPHA) -> dict:
+    """Gains on both tasks and the control's delta when each task's term comes from its source
+    (a source of None leaves that task's term out: Table 12's single-source rows)."""
+    edit = sum(view.operator(task, zoo.descriptor(task, source, seed), alpha)
+               for task, source in zip(tasks, sources) if source is not None)
     return {"gain_a": _points(view.accuracy(tasks[0], edit), view.accuracy(tasks[0])),
             "gain_b": _points(view.accuracy(tasks[1], edit), view.accuracy(tasks[1])),
             "control_delta": _control_delta(view, zoo.controls, edit)}
@@ -324,6 +334,35 @@ def composition_summary(cells: list[dict], zoo: Zoo) -> dict:
             "oracle_control_delta": _mean(c["oracle_control_delta"] for c in cells),
             "retention_a": retention(at["a"]), "retention_b": retention(at["b"]), "retention": retention(rows),
             "per_task": per_task(rows, zoo), "cells": len(cells)}
+
+
+# -- addition against strength (Table 12) --------------------------------------------------------
+def strength_sweep(zoo: Zoo, seed: int) -> dict:
+    """Table 12 on the two-task cells at each strength: the composition (ours), each term alone
+    paired to the same cells (single A, single B), and the Oracle's composition, with the
+    composed retention. The paper reports 0.5 and 1; the strengths between show the curve."""
+    sweep = {}
+    for alpha in ADDITION_STRENGTHS:
+        rows = {"ours": [], "single_a": [], "single_b": [], "oracle": []}
+        for target in zoo.members:
+            view = zoo.view(target)
+            others = [m for m in zoo.members if m != target]
+            for tasks in itertools.combinations(zoo.source_tasks, 2):
+                oracle = _composed(zoo, view, tasks, (target, target), seed, alpha)
+                for sources in itertools.product(others, others):
+                    if sources[0] == sources[1] and len(others) > 1:
+                        continue
+                    rows["ours"].append(_composed(zoo, view, tasks, sources, seed, alpha))
+                    rows["single_a"].append(_composed(zoo, view, tasks, (sources[0], None), seed, alpha))
+                    rows["single_b"].append(_composed(zoo, view, tasks, (None, sources[1]), seed, alpha))
+                    rows["oracle"].append(oracle)  # paired, so the pooled ratio weighs cells alike
+        means = {name: {key: _mean(r[key] for r in cells) for key in ("gain_a", "gain_b", "control_delta")}
+                 for name, cells in rows.items()}
+        oracle_sum = sum(r["gain_a"] + r["gain_b"] for r in rows["oracle"])
+        sweep[f"{alpha:g}"] = {"alpha": alpha, **means, "cells": len(rows["ours"]),
+                               "retention": (sum(r["gain_a"] + r["gain_b"] for r in rows["ours"]) / oracle_sum
+                                             if oracle_sum > 0 else float("nan"))}
+    return sweep
 
 
 # -- negation (Table 16, Figure 2) ----------------------------------------------------------------
@@ -526,6 +565,8 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
                      "per_pair": per_pair(all_cells), "worst_source": worst_source(all_cells),
                      "composition": composition_summary(composed, zoo)},
         "headroom": room,
+        "strength": strength_sweep(zoo, first),
+        "residual": residual.run(zoo, first, ALPHA),
         "negation": negation_sweep(zoo, first),
         "agreement": agreement(zoo, first),
         "linearity": linearity(zoo, first),

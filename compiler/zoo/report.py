@@ -99,6 +99,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
     for row in add["per_pair"]:
         lines.append(f"| {row['source']} | {row['target']} | {_f(row['cross_model_gain'])} | "
                      f"{_f(row['oracle_gain'])} | {_f(row['retention'], 3)} |")
+    lines += strength_markdown(results.get("strength"), paper.get("strength", {}))
     lines += headroom_markdown(results["headroom"])
     lines += ["",
               "## Negation (Table 16, Figure 2): cross-model descriptors at weight -lambda",
@@ -130,6 +131,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
               "(mean, lowest and highest over member pairs): " + "; ".join(
                   f"{task} {row['mean']:.2f} ({row['min']:.2f} to {row['max']:.2f})"
                   for task, row in agr["same_task_cosine_centred_by_task"].items()) + ".",
+              *residual_markdown(results.get("residual"), paper.get("residual")),
               "",
               "## Linearity (Table 6)",
               "",
@@ -160,6 +162,52 @@ def markdown(results: dict, stem: str | None = None) -> str:
     if results.get("findings"):
         lines += ["## What the zoo does and does not reproduce", ""] + [f"- {f}" for f in results["findings"]] + [""]
     return "\n".join(lines)
+
+
+STRENGTH_ROWS = (("ours", "Cross-model, composed"), ("single_a", "Single-A (A's term alone)"),
+                 ("single_b", "Single-B (B's term alone)"), ("oracle", "Oracle, composed"))
+
+
+def strength_markdown(sweep: dict | None, paper: dict) -> list[str]:
+    """Table 12: the two-task cells at each strength, with the paper's rows where it has them."""
+    if not sweep:  # a report written before the sweep existed
+        return []
+    first = next(iter(sweep.values()))
+    lines = ["", f"### Addition against strength (Table 12, two-task cells, first seed, {first['cells']} cells "
+             "per strength)", "",
+             "| alpha | row | task A | task B | control | paper: task A | task B | CIFAR-100 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, row in sweep.items():
+        for name, label in STRENGTH_ROWS:
+            theirs = paper.get(key, {}).get(name)
+            tail = " | ".join(_f(v) for v in theirs) if theirs else " | ".join([""] * 3)
+            lines.append(f"| {key} | {label} | {_f(row[name]['gain_a'])} | {_f(row[name]['gain_b'])} | "
+                         f"{_f(row[name]['control_delta'])} | {tail} |")
+    lines += ["", "Composed retention by strength: " + ", ".join(
+        f"{key}: {row['retention']:.3f}" for key, row in sweep.items()) + " (the paper's bar is read at 0.5)."]
+    return lines
+
+
+RESIDUAL_LABELS = {"descriptor": "descriptors", "operator": "operators", "shift_field": "shift fields on the probes"}
+
+
+def residual_markdown(residual: dict | None, paper: dict | None) -> list[str]:
+    """Table 8: agreement of each cross-model cell with the target's own, at three places."""
+    if not residual or not paper:
+        return []
+    lines = ["", f"### Where the cross-model residual reaches the edit (Table 8; first seed, {residual['cells']} "
+             f"cross-model cells, each against the target's own descriptor on the same grid)", "",
+             f"Rank correlation with the share of the Oracle's gain a cell forfeits, over the "
+             f"{residual['scored_cells']} cells whose Oracle gains at least 3 points. Median amplification of the "
+             f"residual by the solve: {residual['amplification']:.2f} (paper {paper['amplification']}).", "",
+             "| agreement measured on | mean agreement | rank correlation | best source identified | paper |",
+             "| --- | --- | --- | --- | --- |"]
+    for place, label in RESIDUAL_LABELS.items():
+        row, theirs = residual[place], paper[place]
+        lines.append(f"| {label} | {row['agreement']:.2f} | {_f(row['rank_correlation'])} | "
+                     f"{row['best_source_hits']} of {row['pairs']} | {theirs['agreement']:.2f}, "
+                     f"{_f(theirs['rank_correlation'])}, {theirs['best_source']} |")
+    return lines
 
 
 def composition_markdown(composition: dict, paper: dict) -> list[str]:
@@ -330,6 +378,34 @@ def _composed_retention_check(composition: dict) -> list[tuple[bool, str]]:
              f"{c['retention_a']:.3f}, task B {c['retention_b']:.3f}; paper 0.80 / 0.74)")]
 
 
+def _where_retention_goes(residual: dict, strength: dict, paper: dict) -> str:
+    """Table 8 against the paper, then Table 12's step from alpha 0.5 to 1 for the transfer and
+    for the Oracle: which of the two the retention at 0.5 reads short of its plateau."""
+    agree = " / ".join(f"{residual[p]['agreement']:.2f}" for p in RESIDUAL_LABELS)
+    theirs = " / ".join(f"{paper['residual'][p]['agreement']:.2f}" for p in RESIDUAL_LABELS)
+    text = (f"diagnosis: cross-model cells agree with the target's own descriptor at {agree} (descriptors / "
+            f"operators / shift fields; paper {theirs}), and the solve amplifies the residual by "
+            f"{residual['amplification']:.2f} (paper {paper['residual']['amplification']})")
+    half, full = strength.get("0.5"), strength.get("1")
+    if not (half and full):
+        return text
+    ours, oracle = _step(half["ours"], full["ours"]), _step(half["oracle"], full["oracle"])
+    paper_ours = _step(dict(zip(("gain_a", "gain_b"), paper["strength"]["0.5"]["ours"])),
+                       dict(zip(("gain_a", "gain_b"), paper["strength"]["1"]["ours"])))
+    text += (f"; from alpha 0.5 to 1 the composed transfer moves {_f(ours[0])} / {_f(ours[1])} points on tasks A / B "
+             f"(paper {_f(paper_ours[0])} / {_f(paper_ours[1])}) and the Oracle's composition {_f(oracle[0])} / "
+             f"{_f(oracle[1])}")
+    if sum(oracle) > 2 * max(sum(ours), 0):
+        text += (": the Oracle still rises past 0.5 where the transfer has levelled off, so retention at 0.5 is read "
+                 "against an Oracle short of its plateau")
+    return text + "; composed retention by strength " + ", ".join(
+        f"{key}: {row['retention']:.2f}" for key, row in strength.items())
+
+
+def _step(before: dict, after: dict) -> tuple[float, float]:
+    return after["gain_a"] - before["gain_a"], after["gain_b"] - before["gain_b"]
+
+
 def findings(results: dict) -> list[str]:
     """Plain statements against the issue's bars, with the numbers; no tuning on test."""
     add, neg, agr, lin = results["addition"], results["negation"], results["agreement"], results["linearity"]
@@ -396,6 +472,8 @@ def findings(results: dict) -> list[str]:
     if at_one.get("per_task"):
         lines.append(_negation_per_task(at_one["per_task"]))
     lines.append(_headroom(results["headroom"]))
+    if results.get("strength") and results.get("residual"):
+        lines.append(_where_retention_goes(results["residual"], results["strength"], results["paper"]))
     if add["finetuned_gain"] == add["finetuned_gain"]:  # not NaN
         lines.append(f"diagnosis: the sources' own fine-tunes gain {add['finetuned_gain']:+.2f} points; the Oracle "
                      f"closed form at alpha 0.5 recovers {add['oracle_gain']:+.2f} of them")
