@@ -288,19 +288,25 @@ def composition_cells(zoo: Zoo, seed: int) -> list[dict]:
     with its Oracle: the same two terms from the target's own descriptors. The paper's 0.80 and
     0.74 are retention on these cells, its Table 14 per task over them."""
     cells = []
+    for target, view, tasks, pairs in _two_task_layout(zoo):
+        oracle = _composed(zoo, view, tasks, (target, target), seed)
+        for sources in pairs:
+            cells.append({"target": target, "tasks": list(tasks), "sources": list(sources), "seed": seed,
+                          "zero_shot": [100 * view.accuracy(task) for task in tasks],
+                          **_composed(zoo, view, tasks, sources, seed),
+                          **{f"oracle_{key}": value for key, value in oracle.items()}})
+    return cells
+
+
+def _two_task_layout(zoo: Zoo):
+    """Table 1's cells: per target and task pair, the (source A, source B) pairs from the other
+    members, two different ones where the zoo has them."""
     for target in zoo.members:
         view = zoo.view(target)
         others = [m for m in zoo.members if m != target]
+        pairs = [s for s in itertools.product(others, others) if s[0] != s[1] or len(others) == 1]
         for tasks in itertools.combinations(zoo.source_tasks, 2):
-            oracle = _composed(zoo, view, tasks, (target, target), seed)
-            for sources in itertools.product(others, others):
-                if sources[0] == sources[1] and len(others) > 1:
-                    continue
-                cells.append({"target": target, "tasks": list(tasks), "sources": list(sources), "seed": seed,
-                              "zero_shot": [100 * view.accuracy(task) for task in tasks],
-                              **_composed(zoo, view, tasks, sources, seed),
-                              **{f"oracle_{key}": value for key, value in oracle.items()}})
-    return cells
+            yield target, view, tasks, pairs
 
 
 def _composed(zoo: Zoo, view: TargetView, tasks: tuple[str, str], sources: tuple[str | None, str | None],
@@ -344,18 +350,13 @@ def strength_sweep(zoo: Zoo, seed: int) -> dict:
     sweep = {}
     for alpha in ADDITION_STRENGTHS:
         rows = {"ours": [], "single_a": [], "single_b": [], "oracle": []}
-        for target in zoo.members:
-            view = zoo.view(target)
-            others = [m for m in zoo.members if m != target]
-            for tasks in itertools.combinations(zoo.source_tasks, 2):
-                oracle = _composed(zoo, view, tasks, (target, target), seed, alpha)
-                for sources in itertools.product(others, others):
-                    if sources[0] == sources[1] and len(others) > 1:
-                        continue
-                    rows["ours"].append(_composed(zoo, view, tasks, sources, seed, alpha))
-                    rows["single_a"].append(_composed(zoo, view, tasks, (sources[0], None), seed, alpha))
-                    rows["single_b"].append(_composed(zoo, view, tasks, (None, sources[1]), seed, alpha))
-                    rows["oracle"].append(oracle)  # paired, so the pooled ratio weighs cells alike
+        for target, view, tasks, pairs in _two_task_layout(zoo):
+            oracle = _composed(zoo, view, tasks, (target, target), seed, alpha)
+            for sources in pairs:
+                rows["ours"].append(_composed(zoo, view, tasks, sources, seed, alpha))
+                rows["single_a"].append(_composed(zoo, view, tasks, (sources[0], None), seed, alpha))
+                rows["single_b"].append(_composed(zoo, view, tasks, (None, sources[1]), seed, alpha))
+                rows["oracle"].append(oracle)  # paired, so the pooled ratio weighs cells alike
         means = {name: {key: _mean(r[key] for r in cells) for key in ("gain_a", "gain_b", "control_delta")}
                  for name, cells in rows.items()}
         oracle_sum = sum(r["gain_a"] + r["gain_b"] for r in rows["oracle"])

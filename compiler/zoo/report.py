@@ -88,7 +88,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
     for task, row in add["per_task"].items():
         both = composed.get(task)
         tail = (f"{_f(both['cross_model_gain'])} | {_f(both['oracle_gain'])} | {_f(both['retention'], 3)}" if both
-                else "| |")
+                else " | ".join([""] * 3))
         lines.append(f"| {task} | {row['zero_shot']:.1f} | {_f(row['cross_model_gain'])} | {_f(row['oracle_gain'])} | "
                      f"{_f(row['retention'], 3)} | {tail} |")
     lines += ["",
