@@ -1,5 +1,6 @@
-"""A zoo trial that keeps the pretrained members and draws every downstream task in a shift of
-its own (`WorldSize.downstream_shift = "per-task"`), judged on the labelled TRAIN split only.
+"""A zoo trial that keeps the pretrained members and draws the downstream tasks in another
+shift (`WorldSize.downstream_shift`: "per-task", a shift of each task's own, or "false-colour",
+colour alone through a false-colour sensor), judged on the labelled TRAIN split only.
 
 The zoo is copied with its members alone (no task splits, sources, bank or quality figures:
 all of them depend on the splits). `ptc zoo build`'s own code writes the task splits in their
@@ -11,8 +12,8 @@ Before any source, the members' zero-shot accuracy on each new task's train spli
 and the trial stops if a style fails its requirement (`unfit_styles`; `--check-only` stops
 there in any case).
 
-    python3 -m benchmarks.shift_trial [--check-only] [--zoo zoo] [--work /tmp/shift-trial]
-                                      [--out results/trials] [--name per-task-shift]
+    python3 -m benchmarks.shift_trial [--shift per-task|false-colour] [--check-only] [--zoo zoo]
+                                      [--work /tmp/shift-trial] [--out results/trials] [--name SHIFT-shift]
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from compiler.evaluate import zero_shot_accuracy
 from compiler.fsio import write_json_atomic
 from compiler.grid import load_task
 from compiler.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
-from compiler.zoo.world import attribute_of
+from compiler.zoo.world import DOWNSTREAM_SHIFTS, attribute_of
 
-SHIFT = "per-task"
 AT_CHANCE = 0.02  # zero-shot within 2 points of chance reads a task not at all
 AS_PLAIN, NO_HEADROOM = 0.05, 0.85  # read within 5 points of the plain style, or above 0.85: no shift
 # What the copy leaves out, by folder: everything drawn from the task splits, and what the trial
@@ -40,7 +40,7 @@ LEFT_OUT = {".": ("audio", "bank", "sources"), "world": ("pretrain", "tasks")}
 
 
 def copy_members(zoo: Path, work: Path, profile) -> None:
-    """The zoo's members and index, its world recorded as the (per-task) profile's."""
+    """The zoo's members and index, its world recorded as the trial profile's."""
     def ignored(folder: str, names: list[str]) -> list[str]:
         skip = LEFT_OUT.get(Path(folder).relative_to(zoo).as_posix(), ())
         return [name for name in names if name in skip]
@@ -98,16 +98,17 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/shift-trial"))
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
-    parser.add_argument("--name", default="per-task-shift")
+    parser.add_argument("--shift", default="per-task", choices=[s for s in DOWNSTREAM_SHIFTS if s != "shared"])
+    parser.add_argument("--name", help="the report's name (default: SHIFT-shift)")
     parser.add_argument("--check-only", action="store_true", help="stop after the readability check")
     args = parser.parse_args()
     index = zoo_index(args.zoo)
     base = profile_named(index["profile"])
-    profile = dataclasses.replace(base, world=dataclasses.replace(base.world, downstream_shift=SHIFT))
+    profile = dataclasses.replace(base, world=dataclasses.replace(base.world, downstream_shift=args.shift))
     if not args.work.exists():
         copy_members(args.zoo, args.work, profile)
     elif read_index(args.work).get("world") != world_fields(profile)["world"]:
-        raise SystemExit(f"{args.work} exists and is not a per-task shift trial: remove it, or name another --work")
+        raise SystemExit(f"{args.work} exists and is not a {args.shift} shift trial: remove it, or name another --work")
     write_world_once(args.work, profile)
     print("zero-shot on each task's train split:", flush=True)
     unfit = unfit_styles(args.work, index, profile)
@@ -115,7 +116,7 @@ def main() -> None:
         raise SystemExit(f"the style of {', '.join(unfit)} fails the trial's requirement (read at chance, or "
                          "as well as the plain style; results/trials/README.md): no sources fine-tuned")
     if not args.check_only:
-        build_and_report(args.work, profile, args.out, args.name)
+        build_and_report(args.work, profile, args.out, args.name or f"{args.shift}-shift")
 
 
 if __name__ == "__main__":

@@ -141,6 +141,20 @@ def test_a_per_task_shift_draws_each_task_in_a_style_of_its_own(tmp_path):
     assert not (tmp_path / "wild").exists()
 
 
+def test_a_false_colour_shift_redraws_colour_alone(tmp_path):
+    """Colour through a false-colour sensor; every other task keeps the shared shift byte for byte."""
+    shared, false_colour = SMALL, dataclasses.replace(SMALL, downstream_shift="false-colour")
+    write_world(tmp_path / "shared", shared, seed=1)
+    write_world(tmp_path / "false-colour", false_colour, seed=1)
+    a, b = tree_digest(tmp_path / "shared"), tree_digest(tmp_path / "false-colour")
+    assert a.keys() == b.keys()
+    changed = {name.split("/")[1] for name in a if a[name] != b[name]}
+    assert changed == {"colour"}
+    colour = [name for name in a if name.startswith("tasks/colour/") and name.endswith(".png")]
+    assert all(a[name] != b[name] for name in colour)
+    assert task_style("colour", "false-colour").false_colour > 0 and task_style("shape", "false-colour") == SHIFTED
+
+
 def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_scene_stream():
     images, targets = _digit_images()
     scene = sample_scene(random.Random(4), list(range(100)), targets)
@@ -159,6 +173,11 @@ def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_sc
     noisy, _ = drawn(dataclasses.replace(PLAIN, noise=20.0))
     residual = (noisy - plain)[(plain > 60) & (plain < 195)]  # away from clipping at 0 and 255
     assert abs(residual.std() - 20.0) < 2.0 and abs(residual.mean()) < 1.5
+    # False colour: each channel takes a share of the next band's (R from B, G from R, B from G).
+    mixed, after_mixed = drawn(dataclasses.replace(PLAIN, false_colour=0.32))
+    assert after_mixed == after_plain
+    assert np.abs(mixed - (0.68 * plain + 0.32 * plain[..., [2, 0, 1]])).max() <= 1.0  # uint8 truncation
+    assert np.abs(mixed - plain).max() > 30  # the scene's coloured shapes do move
 
 
 def test_extra_train_images_are_added_without_changing_any_other_file(tmp_path):
