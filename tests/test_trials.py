@@ -160,3 +160,16 @@ def test_an_extra_train_trial_grows_only_the_train_splits_and_its_control_keeps_
     with pytest.raises(SystemExit, match="--keep-sources is --train-extra's control: it takes --train-extra alone"):
         source_trial.main()
     assert not (tmp_path / "x").exists()
+
+
+def test_the_one_standard_error_rule_picks_the_largest_ridge_within_an_error_of_the_best():
+    from benchmarks.ridge_criterion import one_standard_error_choice
+
+    oracle = {1.0: [1.0, 2.0, 3.0, 4.0], 0.01: [9.0, 11.0, 10.0, 12.0],
+              0.001: [10.0, 11.0, 11.0, 12.0], 1e-4: [15.0, 15.0, 15.0, 15.0]}
+    random_utd = {1.0: 0.0, 0.01: -0.2, 0.001: -0.9, 1e-4: -1.7}  # 1e-4 is outside Random-UTD's bar
+    # Best eligible: 0.001 (mean 11); 0.01 trails it by 0.5 per cell on average, with a paired error
+    # of std(1, 0, 1, 0) / 2 = 0.29: outside one error, so 0.001 stays. 1.0 trails by 8.5.
+    assert one_standard_error_choice(oracle, random_utd) == 0.001
+    oracle[0.01] = [10.0, 10.0, 11.5, 12.0]  # now 0.125 behind with an error of 0.31: within
+    assert one_standard_error_choice(oracle, random_utd) == 0.01
