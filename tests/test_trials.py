@@ -173,3 +173,20 @@ def test_the_one_standard_error_rule_picks_the_largest_ridge_within_an_error_of_
     assert one_standard_error_choice(oracle, random_utd) == 0.001
     oracle[0.01] = [10.0, 10.0, 11.5, 12.0]  # now 0.125 behind with an error of 0.31: within
     assert one_standard_error_choice(oracle, random_utd) == 0.01
+
+
+def test_the_readability_benchmark_reads_zero_shot_as_ptc_eval_does(zoo, tmp_path):
+    """benchmarks/readable_shift: its zero-shot figure on images it draws is what the product's
+    evaluation scores on them, and every style draws the same scenes' labels."""
+    from benchmarks import readable_shift
+    from compiler.evaluate import zero_shot_accuracy
+    from compiler.zoo.paper import Zoo
+
+    harness = Zoo(zoo, split="train")
+    readable_shift.draw(tmp_path / "shared", "colour", readable_shift.SHIFTED)
+    readable_shift.draw(tmp_path / "false", "colour", readable_shift.STYLES["false colour 0.32"])
+    assert tree_digest(tmp_path / "shared").keys() == tree_digest(tmp_path / "false").keys()
+    zero_shot, probe = readable_shift.read(harness, "clip", "colour", tmp_path / "false")
+    encoder = harness.view("clip").encoder
+    expected = zero_shot_accuracy(encoder, harness.bank.task("colour"), tmp_path / "false", progress=False)
+    assert zero_shot == pytest.approx(expected["accuracy"], abs=1e-6) and 0.0 <= probe <= 1.0
