@@ -24,13 +24,13 @@ import shutil
 from pathlib import Path
 
 import targets
-from benchmarks.source_trial import build_and_report, record_world, zoo_index
+from benchmarks.source_trial import build_and_report, different_split_files, record_world, zoo_index
 from compiler.bank import Bank
 from compiler.evaluate import zero_shot_accuracy
 from compiler.fsio import write_json_atomic
 from compiler.grid import load_task
 from compiler.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
-from compiler.zoo.world import DOWNSTREAM_SHIFTS, attribute_of
+from compiler.zoo.world import DOWNSTREAM_SHIFTS, attribute_of, task_style
 
 AT_CHANCE = 0.02  # zero-shot within 2 points of chance reads a task not at all
 AS_PLAIN, NO_HEADROOM = 0.05, 0.85  # read within 5 points of the plain style, or above 0.85: no shift
@@ -52,6 +52,17 @@ def copy_members(zoo: Path, work: Path, profile) -> None:
         record.pop("quality", None)
     write_json_atomic(work / INDEX, index)
     record_world(work, profile)
+
+
+def check_unchanged_splits(zoo: Path, work: Path, profile) -> None:
+    """Exit unless every task the trial's shift draws as the shared one does came out as the
+    committed zoo's, byte for byte: only the shifted tasks differ."""
+    shift = profile.world.downstream_shift
+    kept = [t for t in (*profile.tasks, *profile.in_distribution_tasks) if task_style(t, shift) == task_style(t)]
+    differ = different_split_files(zoo, work, kept)
+    if differ:
+        raise SystemExit(f"{work}: {len(differ)} files of tasks the {shift} shift leaves alone differ from "
+                         f"{zoo}'s (first: {differ[0]})")
 
 
 def zero_shot_on_train(work: Path, index: dict, names) -> dict[str, dict[str, float]]:
@@ -110,6 +121,7 @@ def main() -> None:
     elif read_index(args.work).get("world") != world_fields(profile)["world"]:
         raise SystemExit(f"{args.work} exists and is not a {args.shift} shift trial: remove it, or name another --work")
     write_world_once(args.work, profile)
+    check_unchanged_splits(args.zoo, args.work, profile)
     print("zero-shot on each task's train split:", flush=True)
     unfit = unfit_styles(args.work, index, profile)
     if unfit:

@@ -136,11 +136,13 @@ def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str],
         raise SystemExit("; ".join(refusals) + " (name the other members with --members)")
 
 
-def different_split_files(committed: Path, trial: Path) -> list[str]:
-    """Files of the committed zoo's task splits (those it holds) that the trial's world lacks or
-    writes differently."""
+def different_split_files(committed: Path, trial: Path, tasks=None) -> list[str]:
+    """Files of the committed zoo's task splits (those it holds; of `tasks` only, if named) that
+    the trial's world lacks or writes differently."""
     differ = []
-    for path in sorted(p for p in (committed / "world" / "tasks").rglob("*") if p.is_file()):
+    folders = [committed / "world" / "tasks" / task for task in tasks] if tasks is not None else [
+        committed / "world" / "tasks"]
+    for path in sorted(p for folder in folders for p in folder.rglob("*") if p.is_file()):
         twin = trial / "world" / "tasks" / path.relative_to(committed / "world" / "tasks")
         if not twin.is_file() or not filecmp.cmp(path, twin, shallow=False):
             differ.append(str(path.relative_to(committed)))

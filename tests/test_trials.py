@@ -11,7 +11,7 @@ import pytest
 
 import targets
 from benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
-from benchmarks.shift_trial import copy_members, fails_requirement
+from benchmarks.shift_trial import check_unchanged_splits, copy_members, fails_requirement
 from benchmarks import source_trial
 from benchmarks.source_trial import build_and_report
 from compiler.errors import InputError
@@ -99,6 +99,12 @@ def test_a_shift_trial_keeps_the_members_and_draws_every_split_again_in_its_shif
         assert tree_digest(work / "world" / "tasks" / task) == tree_digest(tmp_path / "expected" / "tasks" / task)
         same = tree_digest(work / "world" / "tasks" / task) == tree_digest(zoo / "world" / "tasks" / task)
         assert same is (task not in redrawn), task
+    check_unchanged_splits(zoo, work, trial)  # what the trial itself checks: passes here
+    kept = next((t for t in TINY.tasks if t not in redrawn), None)
+    if kept:  # and stops once a task the shift leaves alone comes out otherwise
+        next((work / "world" / "tasks" / kept / "probes").iterdir()).write_bytes(b"not the committed probe")
+        with pytest.raises(SystemExit, match=rf"1 files of tasks the {shift} shift leaves alone differ .*{kept}/probes"):
+            check_unchanged_splits(zoo, work, trial)
     # The trial zoo cannot be taken for (or finished as) the shared world's.
     with pytest.raises(InputError, match=rf"this zoo's world is .*'downstream_shift': '{shift}'.*; the tiny profile"):
         build_zoo(work, TINY, echo=lambda _: None)

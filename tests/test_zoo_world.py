@@ -178,6 +178,8 @@ def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_sc
     assert after_mixed == after_plain
     assert np.abs(mixed - (0.68 * plain + 0.32 * plain[..., [2, 0, 1]])).max() <= 1.0  # uint8 truncation
     assert np.abs(mixed - plain).max() > 30  # the scene's coloured shapes do move
+    negative, _ = drawn(dataclasses.replace(PLAIN, negative=True))
+    assert np.abs(negative - (255 - plain)).max() <= 1.0  # uint8 truncation
 
 
 def test_extra_train_images_are_added_without_changing_any_other_file(tmp_path):

@@ -12,8 +12,9 @@ the shift (`WorldSize.pretrain_style`); downstream task splits (probes, fine-tun
 test) are drawn in a *shifted* style never seen in pretraining (a brighter, lower-contrast
 palette and a thicker stroke), as EuroSAT or GTSRB are a shift for web-trained CLIPs: that is
 what leaves a linear edit headroom (../shared/NOTES-zoo-prototype.md). With
-`WorldSize.downstream_shift = "per-task"` each task has a shift of its own instead, as each of
-the paper's downstream datasets is a domain of its own (`TASK_SHIFTS`).
+`WorldSize.downstream_shift` another set of shifts replaces it for some tasks (`SHIFT_SETS`):
+"per-task", a shift of each task's own, as each of the paper's downstream datasets is a domain of
+its own; "false-colour", colour alone through a false-colour sensor.
 
 Everything is a pure function of the seed. Digit images are split once: the first part of
 scikit-learn's bundled digits feeds pretraining and train splits, the last part only the
@@ -116,7 +117,8 @@ class Style:
     share of light grey mixed into every colour, the shapes' stroke width, a colour cast on the
     background and one on the whole image (a factor per RGB channel each), the share of a
     false-colour composite mixed into the image (its R, G, B taken from B, R, G: a sensor whose
-    bands leak into each other), and the sigma of pixel noise over the whole image."""
+    bands leak into each other), whether the image is a negative, and the sigma of pixel noise
+    over the whole image."""
 
     grey: tuple[float, float]
     wash: float
@@ -124,6 +126,7 @@ class Style:
     tint: tuple[float, float, float] = (1.0, 1.0, 1.0)
     cast: tuple[float, float, float] = (1.0, 1.0, 1.0)
     false_colour: float = 0.0
+    negative: bool = False
     noise: float = 0.0
 
 
@@ -201,6 +204,8 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: St
     pixels = pixels * np.array(style.cast)
     if style.false_colour:
         pixels = (1 - style.false_colour) * pixels + style.false_colour * pixels[..., [2, 0, 1]]
+    if style.negative:
+        pixels = 255.0 - pixels.clip(0, 255)
     if style.noise:  # drawn from a stream seeded off rng only here, so noiseless styles draw as before
         pixels = pixels + np.random.default_rng(rng.getrandbits(64)).normal(0.0, style.noise, pixels.shape)
     return pixels.clip(0, 255).astype(np.uint8)
@@ -295,6 +300,22 @@ def check_size(size: WorldSize) -> None:
         raise InputError(f"train_extra is {size.train_extra}", "extra fine-tuning images per class: 0 or more")
 
 
+def draw_labelled(folder: Path, task: str, style: Style, rng: random.Random, pool: list[int], per_class: int,
+                  digits: tuple[np.ndarray, np.ndarray], first: int = 0) -> None:
+    """`per_class` scenes of each class of `task`, drawn from `rng` (digits from `pool`) and
+    rendered in `style`, as folder/<class>/<NNNN>.png numbered from `first`."""
+    from PIL import Image
+
+    images, targets = digits
+    attribute = attribute_of(task)
+    for label in TASKS[attribute][0]:
+        for i in range(first, first + per_class):
+            scene = sample_scene(rng, pool, targets, fixed={attribute: label})
+            path = folder / label / f"{i:04d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(render(scene, rng, images, style)).save(path)
+
+
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
     """One task's folder (probes, train and test splits, task.yaml) from its own random stream,
     so a task added to an existing world is written without touching the others."""
@@ -303,27 +324,19 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
     check_size(size)
     images, targets = _digit_images()
     fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
-    attribute, style = attribute_of(task), task_style(task, size.downstream_shift)
-    classes, templates = TASKS[attribute]
+    style = task_style(task, size.downstream_shift)
+    classes, templates = TASKS[attribute_of(task)]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
-
-    def save(scene: Scene, path: Path, stream: random.Random = rng) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(scene, stream, images, style)).save(path)
-
     for i in range(size.probes):
-        save(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png")
+        path = folder / "probes" / f"{i:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(render(sample_scene(rng, fit_pool, targets), rng, images, style)).save(path)
     for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
-        for label in classes:
-            for i in range(count):
-                save(sample_scene(rng, pool, targets, fixed={attribute: label}), folder / split / label / f"{i:04d}.png")
+        draw_labelled(folder / split, task, style, rng, pool, count, (images, targets))
     # Extra fine-tuning images are drawn last, from a stream of their own, numbered on from the
     # train split's: every other split stays byte for byte what a world without them holds.
-    extra = random.Random(f"{seed}/{task}/train-extra")
-    for label in classes:
-        for i in range(size.train, size.train + size.train_extra):
-            save(sample_scene(extra, fit_pool, targets, fixed={attribute: label}),
-                 folder / "train" / label / f"{i:04d}.png", extra)
+    draw_labelled(folder / "train", task, style, random.Random(f"{seed}/{task}/train-extra"), fit_pool,
+                  size.train_extra, (images, targets), first=size.train)
     path = folder / "task.yaml"
     path.write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
                                     "templates": list(templates)}, sort_keys=False))
