@@ -33,7 +33,7 @@ def extra_probes(folder: Path, task: str, count: int, seed: int, shift: str) -> 
     from PIL import Image
 
     images, targets = world._digit_images()
-    fit_pool = list(range(len(images) - world.TEST_DIGITS))  # never a held-out test digit
+    fit_pool, _ = world.digit_pools(images)
     rng, paths = random.Random(f"{seed}/{task}/extra-probes"), []
     for i in range(count):
         scene = world.sample_scene(rng, fit_pool, targets)

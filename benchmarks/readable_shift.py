@@ -50,7 +50,7 @@ def draw(folder: Path, task: str, style: world.Style) -> None:
     """PER_CLASS images per class of `task` in `style`, from a stream no world split draws from
     (the same scenes in every style)."""
     images, targets = world._digit_images()
-    fit_pool = list(range(len(images) - world.TEST_DIGITS))  # never a held-out test digit
+    fit_pool, _ = world.digit_pools(images)
     world.draw_labelled(folder, task, style, random.Random(f"readable-shift/{task}"), fit_pool, PER_CLASS,
                         (images, targets))
 

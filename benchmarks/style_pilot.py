@@ -46,7 +46,7 @@ def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
     from PIL import Image
 
     digits, targets_ = world._digit_images()
-    fit_pool = list(range(len(digits) - world.TEST_DIGITS))
+    fit_pool, _ = world.digit_pools(digits)
     stream = "style-pilot" if seed == 0 else f"style-pilot/{seed}"
     scenes, styles = random.Random(f"{stream}/scenes"), random.Random(f"{stream}/styles")
     lines = []

@@ -23,7 +23,7 @@ from compiler.grid import load_task
 from compiler.labelled import labelled_files
 from compiler.zoo.pretrain import PretrainConfig
 from compiler.zoo.pretrain import pretrain as zoo_pretrain
-from compiler.zoo.world import PLAIN, TEST_DIGITS, WorldSize, _digit_images, render, sample_scene, write_world
+from compiler.zoo.world import PLAIN, WorldSize, _digit_images, digit_pools, render, sample_scene, write_world
 from targets.hf_clip import build_tiny
 
 
@@ -37,7 +37,7 @@ def pretrain(encoder, root: Path, steps: int, batch_size: int = 128, lr: float =
 
 def zero_shot(encoder, files: dict[str, Path], plain_per_class: int = 30) -> dict:
     digit_images, digit_targets = _digit_images()
-    test_pool = list(range(len(digit_images) - TEST_DIGITS, len(digit_images)))
+    _, test_pool = digit_pools(digit_images)
     rng, figures = random.Random(7), {}
     for name, task_file in files.items():
         task = load_task(task_file)

@@ -268,7 +268,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
     check_size(size)
     images, targets = _digit_images()
-    fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
+    fit_pool, test_pool = digit_pools(images)
 
     def save(scene: Scene, path: Path, style: Style) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +288,13 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
     return {task: write_task(root, task, size, seed) for task in TASKS}
+
+
+def digit_pools(images: np.ndarray) -> tuple[list[int], list[int]]:
+    """(fit, test): indices of the digits every pretraining, probe and train scene may draw, and
+    of the last TEST_DIGITS, which only test splits draw, so no fit ever sees a test digit."""
+    cut = len(images) - TEST_DIGITS
+    return list(range(cut)), list(range(cut, len(images)))
 
 
 def check_size(size: WorldSize) -> None:
@@ -323,7 +330,7 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
 
     check_size(size)
     images, targets = _digit_images()
-    fit_pool, test_pool = list(range(len(images) - TEST_DIGITS)), list(range(len(images) - TEST_DIGITS, len(images)))
+    fit_pool, test_pool = digit_pools(images)
     style = task_style(task, size.downstream_shift)
     classes, templates = TASKS[attribute_of(task)]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
