@@ -30,16 +30,13 @@ RIDGES = (1e-2, 1e-3, 1e-4)
 
 def extra_probes(folder: Path, task: str, count: int, seed: int, shift: str) -> list[Path]:
     """`count` unlabelled probes in the task's style, from a stream no world split draws from."""
-    from PIL import Image
-
     images, targets = world._digit_images()
     fit_pool, _ = world.digit_pools(images)
     rng, paths = random.Random(f"{seed}/{task}/extra-probes"), []
     for i in range(count):
         scene = world.sample_scene(rng, fit_pool, targets)
         path = folder / task / f"{i:05d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(world.render(scene, rng, images, world.task_style(task, shift))).save(path)
+        world.draw_scene(scene, path, rng, images, world.task_style(task, shift))
         paths.append(path)
     return paths
 

@@ -43,8 +43,6 @@ TASKS = ("shape", "colour", "count", "size", "quadrant", "background", "count-pl
 def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
     """The same scenes and captions for either style; only how each image is drawn differs.
     Another `seed` draws other scenes (seed 0 keeps the streams the README's figures came from)."""
-    from PIL import Image
-
     digits, targets_ = world._digit_images()
     fit_pool, _ = world.digit_pools(digits)
     stream = "style-pilot" if seed == 0 else f"style-pilot/{seed}"
@@ -55,9 +53,7 @@ def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
         caption = world.caption(scene, scenes)
         drawing = random.Random(scenes.random())  # one stream per image, the same for both styles
         chosen = world.PLAIN if style == "plain" else world.spread_style(styles)
-        path = folder / "images" / f"{i:06d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(world.render(scene, drawing, digits, chosen)).save(path)
+        world.draw_scene(scene, folder / "images" / f"{i:06d}.png", drawing, digits, chosen)
         lines.append(json.dumps({world.INPUT_KEY: f"images/{i:06d}.png", "caption": caption}))
     (folder / "captions.jsonl").write_text("\n".join(lines) + "\n")
 

@@ -211,6 +211,14 @@ def render(scene: Scene, rng: random.Random, digit_images: np.ndarray, style: St
     return pixels.clip(0, 255).astype(np.uint8)
 
 
+def draw_scene(scene: Scene, path: Path, rng: random.Random, digit_images: np.ndarray, style: Style) -> None:
+    """`scene` rendered in `style` (its random details drawn from `rng`), saved as the PNG `path`."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(render(scene, rng, digit_images, style)).save(path)
+
+
 def _draw_shape(pen, shape: str, box, fill, width: int) -> None:
     x0, y0, x1, y1 = box
     cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
@@ -264,16 +272,9 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     are written, byte for byte those of any larger world with the same seed and split sizes."""
     import json
 
-    from PIL import Image
-
     check_size(size)
     images, targets = _digit_images()
-    fit_pool, test_pool = digit_pools(images)
-
-    def save(scene: Scene, path: Path, style: Style) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(scene, rng, images, style)).save(path)
-
+    fit_pool, _ = digit_pools(images)
     # One random stream per part: the task splits are the same whether or not (and however
     # large) a pretraining corpus is written, so a committed zoo's splits can be regenerated.
     # The styles have a stream of their own (render draws the same numbers in every style), so a
@@ -283,7 +284,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
     for i in range(size.pretrain):
         scene = sample_scene(rng, fit_pool, targets)
         style = PLAIN if size.pretrain_style == "plain" else spread_style(styles)
-        save(scene, root / "pretrain" / "images" / f"{i:06d}.png", style)
+        draw_scene(scene, root / "pretrain" / "images" / f"{i:06d}.png", rng, images, style)
         lines.append(json.dumps({INPUT_KEY: f"images/{i:06d}.png", "caption": caption(scene, rng, template_share)}))
     if size.pretrain:
         (root / "pretrain" / "captions.jsonl").write_text("\n".join(lines) + "\n")
@@ -311,23 +312,17 @@ def draw_labelled(folder: Path, task: str, style: Style, rng: random.Random, poo
                   digits: tuple[np.ndarray, np.ndarray], first: int = 0) -> None:
     """`per_class` scenes of each class of `task`, drawn from `rng` (digits from `pool`) and
     rendered in `style`, as folder/<class>/<NNNN>.png numbered from `first`."""
-    from PIL import Image
-
     images, targets = digits
     attribute = attribute_of(task)
     for label in TASKS[attribute][0]:
         for i in range(first, first + per_class):
             scene = sample_scene(rng, pool, targets, fixed={attribute: label})
-            path = folder / label / f"{i:04d}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(render(scene, rng, images, style)).save(path)
+            draw_scene(scene, folder / label / f"{i:04d}.png", rng, images, style)
 
 
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:
     """One task's folder (probes, train and test splits, task.yaml) from its own random stream,
     so a task added to an existing world is written without touching the others."""
-    from PIL import Image
-
     check_size(size)
     images, targets = _digit_images()
     fit_pool, test_pool = digit_pools(images)
@@ -335,9 +330,7 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
     classes, templates = TASKS[attribute_of(task)]
     folder, rng = root / "tasks" / task, random.Random(f"{seed}/{task}")
     for i in range(size.probes):
-        path = folder / "probes" / f"{i:04d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(render(sample_scene(rng, fit_pool, targets), rng, images, style)).save(path)
+        draw_scene(sample_scene(rng, fit_pool, targets), folder / "probes" / f"{i:04d}.png", rng, images, style)
     for split, count, pool in (("train", size.train, fit_pool), ("test", size.test, test_pool)):
         draw_labelled(folder / split, task, style, rng, pool, count, (images, targets))
     # Extra fine-tuning images are drawn last, from a stream of their own, numbered on from the
