@@ -144,6 +144,9 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
 
     from compiler.errors import ModelError
 
+    from .shipped_code import refuse_unsafe_adapter
+
+    refuse_unsafe_adapter(adapter_dir, ref)
     try:
         wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
@@ -156,18 +159,29 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
     return wrapped.merge_and_unload()
 
 
-def open_images(paths: list[Path]):
-    """Read image files as RGB PIL images; an unreadable file is one clear error."""
+def open_image(path: Path):
+    """One image file as an RGB PIL image; an unreadable file or a decompression bomb (a header
+    claiming more pixels than PIL's limit, which it only warns about below twice the limit) is
+    one clear InputError."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     from compiler.errors import InputError
 
-    images = []
-    for path in paths:
-        try:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as image:
-                images.append(image.convert("RGB"))
-        except (OSError, UnidentifiedImageError) as exc:
-            raise InputError(f"probe {path}: cannot read as an image: {exc}",
-                             "remove the file from the probe folder or replace it with a valid image") from None
-    return images
+                return image.convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InputError(f"probe {path}: refused as a decompression bomb: {exc}".split(" could be")[0],
+                         f"images may have at most {Image.MAX_IMAGE_PIXELS:,} pixels; resize it") from None
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+        raise InputError(f"probe {path}: cannot read as an image: {exc}",
+                         "remove the file from the probe folder or replace it with a valid image") from None
+
+
+def open_images(paths: list[Path]):
+    """Read image files as RGB PIL images; an unreadable file is one clear error."""
+    return [open_image(path) for path in paths]

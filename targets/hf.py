@@ -17,6 +17,7 @@ from compiler.errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
 from .base import OnnxTower, fingerprint_tensors, merge_adapter
+from .shipped_code import refuse_shipped_code
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,6 +60,7 @@ def resolve_dir(rest: str, base_dir: Path) -> Path:
             raise ModelError(f"hf:{rest}: {folder} holds only pickle weights ({pickled[0]}); ptc never "
                              "unpickles checkpoint files", "convert it to safetensors on a trusted machine")
         raise ModelNotFound(f"hf:{rest}: {folder} has no *.safetensors weights")
+    refuse_shipped_code(folder, f"hf:{rest}")
     return folder
 
 
@@ -120,9 +122,9 @@ class HFDualEncoder:
                                  "save the tokenizer and processor next to the weights "
                                  "(tokenizer.save_pretrained / processor.save_pretrained)")
         try:
-            model = getattr(transformers, cls.model_class).from_pretrained(folder, local_files_only=True,
-                                                                           use_safetensors=True)
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            model = getattr(transformers, cls.model_class).from_pretrained(
+                folder, local_files_only=True, use_safetensors=True, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
             processor = cls.load_processor(folder)
         except (OSError, ValueError, ImportError) as exc:
             raise ModelError(f"{ref}: cannot load from {folder}: {exc}".split("\n")[0]) from None
@@ -131,7 +133,7 @@ class HFDualEncoder:
     @staticmethod
     def load_processor(folder: Path):
         from transformers import AutoImageProcessor
-        return AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+        return AutoImageProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
     # -- embedding defaults -------------------------------------------------------------------
     # Pad every prompt to max_length (SigLIP, trained on full-context prompts) or to the

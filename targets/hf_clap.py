@@ -63,7 +63,7 @@ class HFClap(HFDualEncoder):
     @staticmethod
     def load_processor(folder: Path):
         from transformers import AutoFeatureExtractor
-        return AutoFeatureExtractor.from_pretrained(folder, local_files_only=True)
+        return AutoFeatureExtractor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:

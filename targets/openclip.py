@@ -20,6 +20,7 @@ from compiler.errors import ModelError, ModelNotFound
 from . import register_scheme
 from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, merge_adapter,
                    open_images)
+from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 from .tiny_vocab import clip_tokenizer
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
@@ -69,7 +70,12 @@ def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
         if not config_path.is_file() or not weights.is_file():
             raise ModelNotFound(f"open_clip:{rest}: expected {CONFIG} and {WEIGHTS} in {folder}",
                                 "save with `ptc build` or open_clip's push_to_hf_hub layout")
-        return json.loads(config_path.read_text()), weights, str(folder)
+        refuse_shipped_code(folder, f"open_clip:{rest}")
+        config = json.loads(config_path.read_text())  # refuse_shipped_code parsed it already
+        if not isinstance(config, dict) or not isinstance(config.get("model_cfg"), dict):
+            raise ModelError(f"open_clip:{rest}: {config_path} has no model_cfg mapping")
+        refuse_foreign_towers(config["model_cfg"], str(config_path), f"open_clip:{rest}")
+        return config, weights, str(folder)
     arch, sep, file = rest.partition("@")
     if not sep:
         raise ModelNotFound(f"open_clip:{rest}: give a local checkpoint as open_clip:{rest}@/path/weights.safetensors "
@@ -79,11 +85,13 @@ def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
         raise ModelNotFound(f"open_clip:{rest}: unknown architecture {arch!r}",
                             f"known: {', '.join(open_clip.list_models()[:8])} ...")
     weights = (base_dir / Path(file).expanduser()).resolve()
+    refuse_pickle_file(weights, f"open_clip:{rest}")
     if weights.suffix != ".safetensors":
         raise ModelError(f"open_clip:{rest}: {weights.name} is not a safetensors file; ptc never unpickles "
                          "checkpoint files", "convert it to safetensors on a trusted machine")
     if not weights.is_file():
         raise ModelNotFound(f"open_clip:{rest}: no checkpoint at {weights}")
+    refuse_foreign_towers(model_cfg, f"open_clip's config {arch!r}", f"open_clip:{rest}")
     return {"model_cfg": model_cfg, "preprocess_cfg": {}}, weights, str(weights)
 
 
@@ -263,7 +271,9 @@ def _tokenizer(rest: str, folder: Path, model_cfg: dict):
                          "which ptc never downloads", "load a folder holding the model and its tokenizer as "
                          "open_clip:local-dir:FOLDER")
     try:
-        return open_clip.get_tokenizer(f"local-dir:{folder}", context_length=context_length)
+        # trust_remote_code=False overrides any text_cfg.tokenizer_kwargs the config carries.
+        return open_clip.get_tokenizer(f"local-dir:{folder}", context_length=context_length,
+                                       trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ModelError(f"open_clip:{rest}: text_cfg names a tokenizer but {folder} holds none that loads: "
                          f"{exc}".split("\n")[0], "save the tokenizer into the folder (save_pretrained)") from None
