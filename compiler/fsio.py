@@ -4,6 +4,7 @@ interrupted run leaves the old state or the new one, never a mixture."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -55,9 +56,14 @@ def share_tree(root: Path) -> None:
             os.chmod(path, stat.S_IMODE(wanted))
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
+def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> None:
+    """Write `data` to `path` through a temporary file renamed into place. The temporary lies in
+    `scratch` (a folder of ptc's own on the same file system, so that clean-up never has to guess
+    which files are ptc's), else beside `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    folder = scratch if scratch is not None else path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), _file_mode())  # an inference server may run as another user
@@ -72,10 +78,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-
-
+def write_json_atomic(path: Path, obj, scratch: Path | None = None) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), scratch)
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -86,28 +90,119 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _owner_dead(candidate: Path, name: str) -> bool:
+def _pid_in_name(candidate: Path, name: str) -> int | None:
     pid = candidate.name[len(name) + 2:].split(".", 1)[0]
-    return pid.isdigit() and not _pid_alive(int(pid))
+    return int(pid) if pid.isdigit() else None
+
+
+def _dead_writer(candidate: Path, name: str) -> bool:
+    pid = _pid_in_name(candidate, name)
+    return pid is not None and not _pid_alive(pid)
 
 
 def remove_stale_staging(folder: Path, name: str) -> list[Path]:
-    """Staging folders of `name` left by processes that died (SIGKILL, power loss)."""
-    stale = [c for c in folder.glob(f".{name}.*.partial") if _owner_dead(c, name)]
-    for candidate in stale:
-        shutil.rmtree(candidate, ignore_errors=True)
+    """Staging and swap folders of output `name` left by processes that died (SIGKILL, power
+    loss). Only folders that are provably ptc's go: a staging folder carrying ptc's staging
+    marker (or still empty), an old output swapped aside that ptc's output marker covers whole.
+    A folder of someone else's that merely matches the name pattern is left alone."""
+    stale = []
+    for candidate in sorted(folder.glob(f".{name}.*.partial")) + sorted(folder.glob(f".{name}.*.old")):
+        if candidate.is_symlink() or not candidate.is_dir() or not _dead_writer(candidate, name):
+            continue
+        marked = (candidate / STAGING_MARKER).is_file() or not any(candidate.iterdir())
+        if candidate.suffix == ".partial" and marked or candidate.suffix == ".old" and not foreign_entries(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+            stale.append(candidate)
     return stale
 
 
-def remove_stale_temporaries(root: Path) -> list[Path]:
-    """Half-written `.NAME.PID.RANDOM.tmp` files under `root` whose writer died."""
+def remove_stale_temporaries(scratch: Path) -> list[Path]:
+    """Half-written `.NAME.PID.RANDOM.tmp` files whose writer died, in `scratch` only: a folder
+    that ptc alone writes temporaries into (the bank's .tmp/), never a user's folder."""
     stale = []
-    for candidate in root.rglob(".*.tmp"):
+    if not scratch.is_dir():
+        return stale
+    for candidate in scratch.glob(".*.tmp"):
         parts = candidate.name[1:-len(".tmp")].split(".")  # NAME may hold dots; PID is second to last
-        if len(parts) >= 3 and parts[-2].isdigit() and not _pid_alive(int(parts[-2])):
+        if candidate.is_file() and len(parts) >= 3 and parts[-2].isdigit() and not _pid_alive(int(parts[-2])):
             candidate.unlink(missing_ok=True)
             stale.append(candidate)
     return stale
+
+
+# -- ownership of output folders -----------------------------------------------------------------
+# Every folder staged_directory writes ends with OUTPUT_MARKER: the sha256 of every file ptc put
+# there. A folder is ptc's to replace only while the marker covers everything in it, unchanged.
+OUTPUT_MARKER = ".ptc-output.json"
+STAGING_MARKER = ".ptc-staging"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _tree(root: Path) -> tuple[list[str], list[str]]:
+    """(files, other entries) under `root`, relative, never following a symlink."""
+    files, others = [], []
+    for folder, dirs, names in os.walk(root):
+        base = Path(folder)
+        for name in dirs + names:
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                others.append(rel)
+            elif path.is_file():
+                files.append(rel)
+            elif not any(path.iterdir()):
+                others.append(rel)  # an empty folder: ptc writes none
+    return sorted(files), sorted(others)
+
+
+def mark_output(folder: Path) -> None:
+    """Record every file under `folder` as ptc's (written last, once everything else is)."""
+    files, _ = _tree(folder)
+    record = {"format": "ptc-output", "files": {rel: _sha256_file(folder / rel) for rel in files
+                                                  if rel not in (OUTPUT_MARKER, STAGING_MARKER)}}
+    write_json_atomic(folder / OUTPUT_MARKER, record)
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """What under `folder` ptc did not write, or that changed since: empty when the folder is
+    wholly ptc's. A folder without ptc's output marker is foreign as a whole ('.')."""
+    try:
+        record = json.loads((folder / OUTPUT_MARKER).read_text())
+        recorded = record["files"] if record.get("format") == "ptc-output" else None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return ["."]
+    files, others = _tree(folder)
+    foreign = [rel for rel in files if rel != OUTPUT_MARKER
+               and (rel not in recorded or _sha256_file(folder / rel) != recorded[rel])]
+    return sorted(foreign + others)
+
+
+def check_replaceable(folder: Path) -> None:
+    """OutputError unless `folder` is missing, empty, or wholly what ptc wrote there."""
+    from .errors import OutputError
+
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise OutputError(f"output {folder} exists and is not a folder ptc wrote; ptc replaces only its own outputs",
+                          "choose another output folder")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    foreign = foreign_entries(folder)
+    if foreign == ["."]:
+        raise OutputError(f"output directory {folder} was not written by ptc (it has no {OUTPUT_MARKER}); "
+                          "--force replaces only ptc's own outputs", "choose another output folder, or move it away yourself")
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise OutputError(f"output directory {folder} holds {foreign[0]}{more}, which ptc did not write or which "
+                          "changed since; --force replaces only what ptc wrote", "move those files out first")
 
 
 @contextlib.contextmanager
@@ -125,27 +220,34 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def staged_directory(final: Path, replace: bool) -> Iterator[Path]:
-    """Yield an empty temporary sibling of `final`; on success rename it to `final`.
+def staged_directory(final: Path, replace: bool, replace_unmarked: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary sibling of `final`; on success mark it as ptc's output and
+    rename it to `final`.
 
     On any exception the staging folder is removed and `final` is untouched. With `replace`,
-    an existing `final` is swapped out only after the new one is complete. A process killed
-    outright leaves its staging folder (named with its pid) behind; the next staging of the
-    same output removes it.
+    an existing `final` is swapped out only after the new one is complete, and only if it is
+    wholly ptc's (`check_replaceable`; `replace_unmarked` lets the lab's zoo tree, which it
+    owns whole, skip that). A process killed outright leaves its staging folder (named with
+    its pid, marked inside) behind; the next staging of the same output removes it.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(final.parent, final.name)
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
     try:
+        (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n")
         yield staging
+        (staging / STAGING_MARKER).unlink()
+        mark_output(staging)
         share_tree(staging)
-        if final.is_dir() and not any(final.iterdir()):
+        if final.is_dir() and not final.is_symlink() and not any(final.iterdir()):
             final.rmdir()  # an empty folder is no output to protect
-        if final.exists():
+        if final.exists() or final.is_symlink():
             if not replace:
                 raise FileExistsError(final)
-            old = final.with_name(f".{final.name}.{os.getpid()}.old")
-            os.replace(final, old)
+            if not replace_unmarked:
+                check_replaceable(final)
+            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".old"))
+            os.replace(final, old)  # onto an empty folder of our own: a rename never merges
             os.replace(staging, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -154,3 +256,35 @@ def staged_directory(final: Path, replace: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def check_output_location(out: Path, protected: dict[str, Path]) -> None:
+    """OutputError unless `out` can be written without touching what it must not: its path
+    runs through folders (not a file), and it is neither inside nor around any `protected` path
+    (the bank, the recipe, ...: `{"the bank": path}`)."""
+    from .errors import OutputError
+
+    for ancestor in out.parents:
+        if ancestor.exists() or ancestor.is_symlink():
+            if not ancestor.is_dir():
+                raise OutputError(f"output {out}: {ancestor} is a file, not a folder", "choose another output path")
+            break
+    for what, path in protected.items():
+        path = Path(path).resolve()
+        if out == path or out.is_relative_to(path):
+            raise OutputError(f"output {out} is inside {what} ({path})", f"write outputs outside {what}")
+        if path.is_relative_to(out):
+            raise OutputError(f"output {out} contains {what} ({path}); replacing it would remove {what}",
+                              "choose an output folder of its own")
+
+
+def read_json_file(path: Path, what: str):
+    """A JSON file ptc wrote (a report, a lock), or OutputError naming it: a corrupt one is bad
+    input, not a crash."""
+    from .errors import OutputError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise OutputError(f"{path}: cannot read the {what}: {exc}".split("\n")[0],
+                          "the output folder is damaged; rebuild it") from None

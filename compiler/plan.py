@@ -12,6 +12,7 @@ import targets
 from .bank import Bank, Entry, TaskRecord
 from .embed import check_grid_unchanged
 from .errors import BankError, OutputError, PtcError, RecipeError
+from .fsio import check_output_location, check_replaceable
 from .options import Options
 from .recipe import Recipe, Term, load_recipe
 
@@ -106,17 +107,20 @@ def _recipe_output(recipe_path: Path, written: str) -> Path:
     return resolved
 
 
-def _output_dir(recipe: Recipe, recipe_path: Path, options: Options) -> Path | None:
+def _output_dir(recipe: Recipe, recipe_path: Path, options: Options, bank: Bank) -> Path | None:
     if options.out is not None:
         out = Path(options.out).expanduser().resolve()
     elif recipe.export.out is not None:
         out = _recipe_output(recipe_path, recipe.export.out)
     else:
         return None
+    check_output_location(out, {"the bank": bank.root, "the recipe": recipe_path})
     if out.exists() and not out.is_dir():
         raise OutputError(f"output {out} exists and is not a directory")
-    if options.export and out.is_dir() and any(out.iterdir()) and not options.force:
-        raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
+    if options.export and out.is_dir() and any(out.iterdir()):
+        if not options.force:
+            raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
+        check_replaceable(out)  # --force replaces only what ptc wrote there
     return out
 
 
@@ -141,7 +145,7 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
         raise RecipeError(f"{recipe_path}: verify.certify: the certificate needs the closed form's per-term "
                           f"edits; route {recipe.route!r} has none", "use route: closed_form, or drop verify.certify")
     return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
-                _output_dir(recipe, recipe_path, options),
+                _output_dir(recipe, recipe_path, options, bank),
                 _plan_folders(recipe.evaluate, "evaluate", recipe_path, bank,
                               "give a labelled folder DIR/<class name>/<files>, relative to the recipe"),
                 _plan_controls(recipe, recipe_path, bank, term_tasks),
