@@ -12,6 +12,9 @@ what it was made from and a hash of its tensors, checked on every read):
     operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
 
 <model> and <target> are model fingerprints (hashes of the weights), <grid> a grid hash.
+Each record is bound to the key it is stored under (`entry`, sealed with the rest): an entry
+swapped with another, renamed, or copied in from elsewhere under another key fails its check.
+Temporaries are written in .tmp/, a folder only ptc writes, so clean-up never guesses.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import safetensors.torch
 import torch
 
 from . import __version__
-from .errors import BankError
+from .errors import BankError, TaskError
 from .fsio import file_lock, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
 from .hashing import tensors_sha256
 from .timers import timed
 
-BANK_FORMAT = 2  # 2: every record sealed with record_sha256
+BANK_FORMAT = 3  # 2: every record sealed with record_sha256; 3: and bound to its key
+UPGRADABLE_FORMATS = (2,)
+MARKER, SCRATCH = "bank.json", ".tmp"
 
 
 def default_bank_dir() -> Path:
@@ -91,16 +96,40 @@ class Bank:
         self.root = Path(root).expanduser().resolve()
         self._format_checked = False
 
+    @property
+    def scratch(self) -> Path:
+        return self.root / SCRATCH
+
+    def _check_folder(self) -> None:
+        """A path that is not a bank is refused before anything in it is read or touched: a
+        file, or a folder with content but no bank marker. Missing or empty: a new bank."""
+        if self.root.exists() and not self.root.is_dir():
+            raise BankError(f"bank path {self.root} is a file, not a folder", "point --bank at a bank folder")
+        if self.root.is_dir() and not (self.root / MARKER).exists() and \
+                any(p.name not in (SCRATCH, ".locks") for p in self.root.iterdir()):
+            raise BankError(f"{self.root} is not a ptc bank (it has no {MARKER}) and is not empty; ptc will not "
+                            "write into it or clean it up", "point --bank at a bank, or at a new folder")
+
+    def _marker_version(self):
+        marker = self.root / MARKER
+        try:
+            record = json.loads(marker.read_text())
+            if record.get("format") != "ptc-bank":
+                raise ValueError("not a ptc bank marker")
+            return record.get("version")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            raise BankError(f"bank marker {marker} is corrupt", "run `ptc bank verify`") from None
+
     def _check_format(self) -> None:
         """A bank written by another format version is refused before any entry is trusted."""
         if self._format_checked:
             return
-        marker = self.root / "bank.json"
-        if marker.exists():
-            try:
-                version = json.loads(marker.read_text()).get("version")
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-                raise BankError(f"bank marker {marker} is corrupt", "run `ptc bank verify`") from None
+        self._check_folder()
+        if (self.root / MARKER).exists():
+            version = self._marker_version()
+            if version in UPGRADABLE_FORMATS:
+                raise BankError(f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
+                                f"run `ptc bank upgrade --bank {self.root}` once (it re-seals every entry)")
             if version != BANK_FORMAT:
                 raise BankError(f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
                                 "rebuild the bank with this version (ptc task add, descriptor add)")
@@ -109,31 +138,43 @@ class Bank:
     # -- generic tensor entries -------------------------------------------------------------
     def _ensure(self) -> None:
         self._check_format()
-        marker = self.root / "bank.json"
+        marker = self.root / MARKER
         if not marker.exists():
-            write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT})
+            write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch)
 
     def write_entry(self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
         self._ensure()
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         sha = tensors_sha256(tensors)
-        record = _sealed({**meta, "tensors_sha256": sha, "ptc_version": __version__})
+        record = _sealed({**meta, "entry": relpath, "tensors_sha256": sha, "ptc_version": __version__})
         # One metadata key only: safetensors writes its metadata map in hash order, which
         # changes from process to process, and bank entries must be byte-reproducible.
         data = safetensors.torch.save(tensors, metadata={"ptc": json.dumps(record, sort_keys=True)})
         path = self.root / relpath
         with timed("bank_write"):
-            write_bytes_atomic(path, data)
+            write_bytes_atomic(path, data, self.scratch)
         return Entry(path, tensors, record, sha)
 
     def read_entry(self, relpath: str) -> Entry | None:
         self._check_format()
+        entry = self._read_sealed(relpath)
+        if entry is not None and entry.meta.get("entry") != relpath:
+            raise BankError(f"bank entry {entry.path} holds the record of {str(entry.meta.get('entry'))!r}, not of "
+                            f"{relpath!r}: it was swapped, renamed or copied in from elsewhere",
+                            f"delete it and recompute, or run `ptc bank verify --bank {self.root}`")
+        return entry
+
+    def _read_sealed(self, relpath: str) -> Entry | None:
+        """The entry at `relpath` with its seal and content hash checked (not yet its key)."""
         path = self.root / relpath
         try:
             with timed("bank_read"):
                 data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise BankError(f"bank entry {path} cannot be read: {exc.strerror}",
+                            "it must be a file ptc wrote; delete it and recompute") from None
         try:
             record = json.loads(_read_header(data)["__metadata__"]["ptc"])
             tensors = safetensors.torch.load(data)
@@ -141,9 +182,10 @@ class Bank:
             raise BankError(f"bank entry {path} is corrupt: {exc}",
                             f"delete it and recompute, or run `ptc bank verify --bank {self.root}`") from None
         sha = tensors_sha256(tensors)
-        if sha != record.get("tensors_sha256") or not _seal_intact(record):
+        if not isinstance(record, dict) or sha != record.get("tensors_sha256") or not _seal_intact(record):
+            recorded = record.get("tensors_sha256") if isinstance(record, dict) else None
             raise BankError(f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
-                            f"!= recorded {str(record.get('tensors_sha256'))[:12]})",
+                            f"!= recorded {str(recorded)[:12]})",
                             "the file was modified or damaged; delete it and recompute")
         for name, tensor in tensors.items():
             if tensor.is_floating_point() and not torch.isfinite(tensor).all():
@@ -173,6 +215,7 @@ class Bank:
         return self.root / "tasks" / f"{check_name('task', name)}.json"
 
     def task_names(self) -> list[str]:
+        self._check_format()
         return sorted(p.stem for p in (self.root / "tasks").glob("*.json"))
 
     def add_task(self, spec: TaskSpec, replace: bool = False) -> tuple[TaskRecord, bool]:
@@ -195,7 +238,7 @@ class Bank:
                   "probes_from_bank": [self._relative(p) for p in spec.probes],
                   "classes": list(spec.classes), "templates": list(spec.templates),
                   "source_file": str(spec.source_file) if spec.source_file else None}
-        write_json_atomic(existing, _sealed(record))
+        write_json_atomic(existing, _sealed(record), self.scratch)
         return self.task(spec.name), True
 
     def _relative(self, path: Path) -> str:
@@ -220,6 +263,9 @@ class Bank:
         if not _seal_intact(record):
             raise BankError(f"bank task record {path} failed its integrity check",
                             "the file was modified or damaged; re-register it with `ptc task add --replace`")
+        if record.get("name") != name:  # the record names its task: a renamed or swapped file shows
+            raise BankError(f"bank task record {path} is the record of task {record.get('name')!r}",
+                            "it was renamed or swapped; re-register the task with `ptc task add --replace`")
         probes = tuple(self._locate(absolute, relative) for absolute, relative in
                        zip(record["probes"], record.get("probes_from_bank") or record["probes"]))
         return TaskRecord(record["name"], record["grid_hash"], probes,
@@ -231,6 +277,7 @@ class Bank:
         return f"descriptors/{check_name('task', task)}/{check_name('descriptor', descriptor_id)}.safetensors"
 
     def descriptor_ids(self, task: str) -> list[str]:
+        self._check_format()
         return sorted(p.stem for p in (self.root / "descriptors" / task).glob("*.safetensors"))
 
     def put_descriptor(self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
@@ -259,32 +306,74 @@ class Bank:
         return f"operators/{target_fp}/{grid}/{descriptor_sha[:32]}-r{ridge!r}.safetensors"
 
     # -- maintenance --------------------------------------------------------------------------
+    def _entry_paths(self) -> list[str]:
+        return [str(p.relative_to(self.root)) for p in sorted(self.root.rglob("*.safetensors"))
+                if not p.name.startswith(".") and SCRATCH not in p.relative_to(self.root).parts]
+
     def verify_all(self) -> tuple[int, list[str]]:
-        """Re-hash every tensor entry; return (entries checked, problems). Temporary files of
-        writers that died are removed first: they were never part of the bank."""
-        remove_stale_temporaries(self.root)
+        """Re-hash every entry and check it against its key and its task; return (entries
+        checked, problems). A folder that is not a bank is refused before anything is touched;
+        then temporaries of writers that died are removed from .tmp/ (never part of the bank)."""
+        self._check_format()
+        if (self.root / MARKER).exists():
+            self._marker_version()
+        remove_stale_temporaries(self.scratch)
         problems, count = [], 0
-        try:
-            marker = json.loads((self.root / "bank.json").read_text())
-            if marker.get("format") != "ptc-bank":
-                problems.append(f"{self.root / 'bank.json'}: not a ptc bank marker")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            problems.append(f"{self.root / 'bank.json'} is corrupt: {exc}")
         for name in self.task_names():
             count += 1
             try:
                 self.task(name)
             except BankError as exc:
                 problems.append(exc.message)
-        for path in sorted(self.root.rglob("*.safetensors")):
-            if path.name.startswith("."):
-                continue
+        for relpath in self._entry_paths():
             count += 1
             try:
-                self.read_entry(str(path.relative_to(self.root)))
+                entry = self.read_entry(relpath)
+                problems += self._cross_check(entry)
             except BankError as exc:
                 problems.append(exc.message)
         return count, problems
+
+    def _cross_check(self, entry: Entry) -> list[str]:
+        """A descriptor made on another grid than its task's (copied in from another bank)."""
+        if entry.meta.get("kind") != "descriptor":
+            return []
+        try:
+            grid = self.task(str(entry.meta.get("task"))).grid_hash
+        except (BankError, TaskError):
+            return [f"bank entry {entry.path}: its task {entry.meta.get('task')!r} is not registered here"]
+        if entry.meta.get("grid_hash") != grid:
+            return [f"bank entry {entry.path} was made on grid {str(entry.meta.get('grid_hash'))[:12]}, but task "
+                    f"{entry.meta.get('task')!r} here has grid {grid[:12]} (copied from another bank?)"]
+        return []
+
+    def upgrade(self) -> tuple[int, list[str]]:
+        """Re-seal a format-2 bank's entries bound to their keys (format 3); returns (entries
+        re-sealed, problems). An entry that fails its old check is reported and left as it is,
+        and the bank stays at format 2 until every entry passes."""
+        self._check_folder()
+        if not (self.root / MARKER).is_file():
+            raise BankError(f"{self.root} is not a ptc bank (it has no {MARKER})", "point --bank at a bank folder")
+        version = self._marker_version()
+        if version == BANK_FORMAT:
+            return 0, []
+        if version not in UPGRADABLE_FORMATS:
+            raise BankError(f"bank {self.root} has format {version}; ptc upgrades only format "
+                            f"{', '.join(map(str, UPGRADABLE_FORMATS))}")
+        entries, problems = [], []
+        for relpath in self._entry_paths():
+            try:
+                entries.append((relpath, self._read_sealed(relpath)))
+            except BankError as exc:
+                problems.append(exc.message)
+        if problems:
+            return 0, problems
+        self._format_checked = True  # the checks above are format 2's; write as format 3
+        for relpath, entry in entries:
+            meta = {k: v for k, v in entry.meta.items() if k not in ("record_sha256", "tensors_sha256", "ptc_version")}
+            self.write_entry(relpath, entry.tensors, meta)
+        write_json_atomic(self.root / MARKER, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch)
+        return len(entries), []
 
 
 def _suggest(name: str, known: list[str], otherwise: str) -> str:
