@@ -20,7 +20,7 @@ from .bank import Bank
 from .bankfill import SourceSpec, fill_bank
 from .errors import PlanError
 from .grid import NAME_PATTERN, TaskSpec, load_task
-from .yamlio import load_yaml, validate
+from .yamlio import PathText, load_yaml, validate
 
 
 class _Strict(pydantic.BaseModel):
@@ -29,14 +29,14 @@ class _Strict(pydantic.BaseModel):
 
 class PlanSource(_Strict):
     id: str = pydantic.Field(pattern=NAME_PATTERN)
-    pre: str = pydantic.Field(min_length=1)
-    finetuned: dict[str, str] = pydantic.Field(min_length=1)
+    pre: PathText = pydantic.Field(min_length=1)
+    finetuned: dict[str, PathText] = pydantic.Field(min_length=1)
 
 
 class PlanFile(_Strict):
-    tasks: list[str] = pydantic.Field(min_length=1)
+    tasks: list[PathText] = pydantic.Field(min_length=1)
     sources: list[PlanSource] = pydantic.Field(min_length=1)
-    targets: list[str] = pydantic.Field(default_factory=list)
+    targets: list[PathText] = pydantic.Field(default_factory=list)
     ridge: float = 1.0
 
     @pydantic.field_validator("ridge", mode="before")
@@ -79,9 +79,30 @@ def load_plan(path: Path) -> BankPlan:
     return BankPlan(path, tasks, sources, tuple(plan.targets), plan.ridge)
 
 
+def check_references(plan: BankPlan) -> None:
+    """PlanError, naming the field, for any target, source or fine-tune that does not resolve."""
+    import targets
+
+    from .errors import PtcError
+    from .sources import check_finetuned
+
+    checks = [(f"targets[{i}]", targets.check, (ref, plan.base_dir)) for i, ref in enumerate(plan.targets)]
+    for i, source in enumerate(plan.sources):
+        checks.append((f"sources[{i}].pre", targets.check, (source.pre, plan.base_dir)))
+        checks += [(f"sources[{i}].finetuned.{task}", check_finetuned, (source.pre, finetuned, plan.base_dir))
+                   for task, finetuned in source.finetuned.items()]
+    for field, check, args in checks:
+        try:
+            check(*args)
+        except PtcError as exc:
+            raise PlanError(f"{plan.path}: {field}: {exc.message}", exc.hint) from None
+
+
 def run_plan(plan: BankPlan, bank: Bank, ray_address: str | None = None, replace: bool = False,
              batch_size: int = 64, progress: bool = True) -> Counter:
-    """Register the plan's tasks, then compute everything the bank is missing."""
+    """Register the plan's tasks, then compute everything the bank is missing. Every model the
+    plan names is resolved first: a plan that cannot run writes nothing."""
+    check_references(plan)
     counts: Counter = Counter()
     for task in plan.tasks:
         counts["tasks_registered"] += bank.add_task(task, replace=replace)[1]

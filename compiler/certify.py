@@ -28,7 +28,7 @@ from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files_for_edit
 from .errors import OutputError, PtcError, RecipeError
 from .export import file_sha256
-from .fsio import write_bytes_atomic
+from .fsio import read_json_file, write_bytes_atomic
 from .grid import PROBE_SUFFIXES, TaskSpec, probe_files
 from .solve import edited_embeddings
 
@@ -83,12 +83,19 @@ def read_terms(out_dir: Path) -> tuple[dict, list[torch.Tensor]]:
                           "rebuild with route: closed_form")
     lock = Path(out_dir) / "ptc.lock"
     if lock.is_file():  # the lock hashes every output: a changed terms file must not be trusted
-        recorded = json.loads(lock.read_text()).get("outputs", {}).get(TERMS_FILE)
+        outputs = read_json_file(lock, "lock")
+        recorded = outputs.get("outputs", {}).get(TERMS_FILE) if isinstance(outputs, dict) else None
+        if not isinstance(outputs, dict) or not isinstance(outputs.get("outputs", {}), dict):
+            raise OutputError(f"{lock}: not a ptc lock", "the output folder is damaged; rebuild it")
         if recorded is not None and recorded != file_sha256(path):
             raise OutputError(f"{path} does not match the hash in {lock}", "the output was modified; rebuild it")
-    with safetensors.safe_open(str(path), "pt") as handle:
-        record = json.loads(handle.metadata()["ptc"])
-        edits = [handle.get_tensor(f"term_{i}") for i in range(len(record["terms"]))]
+    try:
+        with safetensors.safe_open(str(path), "pt") as handle:
+            record = json.loads(handle.metadata()["ptc"])
+            edits = [handle.get_tensor(f"term_{i}") for i in range(len(record["terms"]))]
+    except Exception as exc:  # any parse failure: the file is not what the build wrote
+        raise OutputError(f"{path}: cannot read the per-term edits: {exc}".split("\n")[0],
+                          "the output folder is damaged; rebuild it") from None
     return record, edits
 
 

@@ -20,9 +20,27 @@ BANK_OPTION = click.option("--bank", type=click.Path(path_type=Path), default=No
                                 "else ~/.cache/ptc/bank).")
 
 
+BATCH_SIZE = click.IntRange(min=1)
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"ptc: error: {message}", err=True)
     sys.exit(code)
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler, a container stop, CI's timeout), raised where the process is, so
+    that every staging folder and temporary file is cleaned up on the way out, as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _filesystem_error(exc: OSError) -> str:
+    """One line for an operating-system refusal (read-only bank, full disk, a path through a file)."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}" + (" (read-only or not yours?)" if isinstance(exc, PermissionError) else "")
 
 
 def handled(command):
@@ -38,6 +56,12 @@ def handled(command):
             _fail(exc.one_line(), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; nothing was written", 130)
+        except Terminated:
+            _fail("terminated (SIGTERM); nothing was written", 143)
+        except OSError as exc:  # the environment refused, not bad code: exit 2, one line
+            if debug:
+                raise
+            _fail(_filesystem_error(exc), 2)
         except Exception as exc:  # a bug, not bad input: say so and point at --debug
             if debug:
                 raise
@@ -45,7 +69,34 @@ def handled(command):
     return wrapper
 
 
-@click.group()
+class PtcGroup(click.Group):
+    """click, with every usage error (an unknown option, a value out of range) as one line and
+    exit 2 like any other bad input, and SIGTERM handled as Ctrl-C is."""
+
+    def main(self, *args, **kwargs):
+        import signal
+        import threading
+
+        kwargs["standalone_mode"] = False
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            code = super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            _fail("interrupted; nothing was written", 130)
+        except Terminated:
+            _fail("terminated (SIGTERM); nothing was written", 143)
+        except click.ClickException as exc:
+            usage = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx else None
+            hint = f" (hint: see `{usage} --help`)" if usage else ""
+            _fail(f"{exc.format_message()}{hint}", exc.exit_code)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=PtcGroup)
 @click.version_option(__version__, prog_name="ptc")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def main(debug: bool) -> None:
@@ -110,7 +161,7 @@ def descriptor() -> None:
 @click.option("--source", required=True, help="Pre-trained source model reference, e.g. hf:/models/clip.")
 @click.option("--finetuned", required=True, help="Fine-tuned model reference or folder, or a peft adapter folder.")
 @click.option("--id", "descriptor_id", default=None, help="Descriptor id (default: the source's folder name).")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
 @BANK_OPTION
 @handled
 def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, bank) -> None:
@@ -153,7 +204,7 @@ def check(recipe: Path, bank, out, force) -> None:
 @BANK_OPTION
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Output directory (overrides export.out).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
 @click.option("--no-export", is_flag=True, help="Solve, fold and verify in torch; write nothing.")
 @handled
 def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
@@ -189,7 +240,7 @@ def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Folder of inputs (no labels needed).")
 @click.option("--task", "task_name", default=None, help="Which term task (needed when OUTPUT edits several).")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @handled
 def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
@@ -237,10 +288,11 @@ def eval_command(model, task_name, data, as_json, bank) -> None:
 @click.option("--model", required=True, help="Model reference to fine-tune.")
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapter folder to write.")
-@click.option("--rank", default=4, show_default=True)
-@click.option("--steps", default=250, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--lora-dropout", "dropout", default=0.0, show_default=True,
+@click.option("--rank", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=250, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+              show_default=True,
               help="peft's lora_dropout while training (a regulariser; nothing changes at inference).")
 @click.option("--force", is_flag=True, help="Replace an existing adapter folder.")
 @BANK_OPTION
@@ -252,9 +304,18 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, ban
     from .errors import OutputError
     from .finetune import finetune_lora
 
-    if out.exists() and any(out.iterdir()) and not force:
-        raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
-    stats = finetune_lora(targets.load(model), _bank(bank).task(task_name), data, out, rank=rank,
+    from .fsio import check_output_location, check_replaceable
+
+    out = out.expanduser().resolve()
+    store = _bank(bank)
+    check_output_location(out, {"the bank": store.root})
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
+        check_replaceable(out)
+    stats = finetune_lora(targets.load(model), store.task(task_name), data, out, rank=rank,
                           alpha=2 * rank, steps=steps, seed=seed, dropout=dropout, replace=force,
                           echo=lambda line: click.echo(line, err=True))
     click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
@@ -272,7 +333,7 @@ def bank_group() -> None:
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Run forward passes and solves as Ray tasks (a cluster address, or 'local').")
 @click.option("--replace", is_flag=True, help="Re-register tasks whose grid changed.")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
 @handled
 def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
     """Compute every missing embedding, descriptor, factor and operator of PLAN_FILE."""
@@ -285,6 +346,22 @@ def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
         "tasks_registered", "descriptors_computed", "embeddings_computed", "factors_computed", "operators_solved"))
     where = f"Ray at {ray_address}" if ray_address else "in-process"
     click.echo(f"bank {store.root} ({where}): {figures}")
+
+
+@bank_group.command("upgrade")
+@BANK_OPTION
+@handled
+def bank_upgrade(bank) -> None:
+    """Re-seal a bank written by an older ptc (format 2) so every entry is bound to its key."""
+    store = _bank(bank)
+    count, problems = store.upgrade()
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        from .errors import BankError
+        raise BankError(f"{len(problems)} entries of {store.root} failed their check; nothing was upgraded",
+                        "delete those entries (they are recomputed on demand), then upgrade again")
+    click.echo(f"bank {store.root}: {count} entries re-sealed (format 3)")
 
 
 @bank_group.command("verify")
@@ -420,7 +497,7 @@ def bench(quick: bool, size: str | None, out: Path) -> None:
 
 @main.command()
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
-@click.option("--steps", default=60, show_default=True, help="LoRA steps per source.")
+@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="LoRA steps per source.")
 @handled
 def demo(workdir: Path, steps: int) -> None:
     """Run the built-in offline default end to end (tiny generated world and models)."""

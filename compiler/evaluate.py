@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files
 from .errors import InputError
+from .fsio import read_json_file
 from .labelled import labelled_files
 
 
@@ -20,7 +20,10 @@ def resolve_model(model: str) -> tuple[str, Path]:
     """A build output directory reads as its native checkpoint; anything else is a reference."""
     report = Path(model).expanduser() / "report.json"
     if report.is_file():
-        native = json.loads(report.read_text()).get("native_ref")
+        record = read_json_file(report, "build report")
+        native = record.get("native_ref") if isinstance(record, dict) else None
+        if not isinstance(native, (str, type(None))):
+            raise InputError(f"{report}: native_ref is not a model reference", "the output is damaged; rebuild it")
         if not native:
             raise InputError(f"{model}: this build exported no native checkpoint",
                              "build with export.formats including safetensors")

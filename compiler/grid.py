@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pydantic
 
-from .errors import TaskError
-from .yamlio import load_yaml, validate
+from .errors import PtcError, TaskError
+from .yamlio import PathText, load_yaml, validate
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 PROBE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff",
                   ".wav", ".flac", ".ogg", ".mp3"}
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
 
@@ -28,7 +29,7 @@ class TaskFile(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
 
     name: str = pydantic.Field(pattern=NAME_PATTERN)
-    probes: str | list[str] = pydantic.Field(min_length=1)
+    probes: PathText | list[PathText] = pydantic.Field(min_length=1)
     classes: list[pydantic.constr(min_length=1)] = pydantic.Field(min_length=2)  # type: ignore[valid-type]
     templates: list[str] = pydantic.Field(default=list(DEFAULT_TEMPLATES), min_length=1)
 
@@ -93,12 +94,31 @@ def _collect_probes(spec: TaskFile, base: Path, task_path: Path) -> tuple[Path, 
     return tuple(files)
 
 
-def load_task(path: Path) -> TaskSpec:
-    """Read and validate a task file; probe paths are relative to the file's folder."""
+def check_probes_decode(task_path: Path, probes: tuple[Path, ...]) -> None:
+    """Every probe decodes as what its suffix says (an image, or audio), so that a broken file
+    is refused when the task is registered, not at the first forward pass of a later build."""
+    from targets.audio import read_audio
+    from targets.base import open_image
+
+    for probe in probes:
+        try:
+            if probe.suffix.lower() in AUDIO_SUFFIXES:
+                read_audio(probe, 16_000, 16)  # reads and decodes; the window is irrelevant here
+            else:
+                open_image(probe)
+        except PtcError as exc:
+            raise TaskError(f"{task_path}: probes: {exc.message}", exc.hint) from None
+
+
+def load_task(path: Path, decode: bool = True) -> TaskSpec:
+    """Read and validate a task file; probe paths are relative to the file's folder. With
+    `decode`, every probe is also decoded once (see check_probes_decode)."""
     path = Path(path)
     data, locate = load_yaml(path, TaskError)
     spec = validate(TaskFile, data, path, locate, TaskError)
     probes = _collect_probes(spec, path.resolve().parent, path)
+    if decode:
+        check_probes_decode(path, probes)
     return TaskSpec(spec.name, probes, tuple(spec.classes), tuple(spec.templates), path.resolve())
 
 
@@ -119,7 +139,8 @@ def grid_hash(probes: tuple[Path, ...] | list[Path], prompts: list[str]) -> str:
 
 
 def check_name(kind: str, name: str) -> str:
-    if not re.match(NAME_PATTERN, name):
+    # fullmatch: `$` in re.match also accepts a trailing newline ("src\n")
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN.removeprefix("^").removesuffix("$"), name):
         raise TaskError(f"{kind} name {name!r} is not valid",
                         "use letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name

@@ -12,7 +12,7 @@ import pydantic
 
 from .errors import RecipeError
 from .grid import NAME_PATTERN
-from .yamlio import load_yaml, validate
+from .yamlio import PathText, load_yaml, validate
 
 MAX_ABS_WEIGHT = 100.0
 FORMATS = ("onnx", "safetensors")  # the default; "triton" is also accepted
@@ -168,7 +168,7 @@ class Verify(_Strict):
     check_inputs: int = pydantic.Field(default=16, ge=2, le=4096)
     # The composition certificate (compiler/certify.py) per task: a folder of inputs (labels
     # not needed, relative to the recipe). The build fails if a certified prediction changes.
-    certify: dict[str, str] = {}
+    certify: dict[str, PathText] = {}
 
     _tolerances = pydantic.field_validator(
         "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", "max_descriptor_residual", mode="before"
@@ -194,7 +194,7 @@ class Triton(_Strict):
 
 
 class Export(_Strict):
-    out: str | None = None
+    out: PathText | None = None
     formats: tuple[Literal["onnx", "safetensors", "triton"], ...] = FORMATS
     precision: tuple[Literal["fp32", "fp16"], ...] = ("fp32",)  # fp16: extra *_fp16.onnx towers, fp32 I/O
     triton: Triton = Triton()
@@ -218,7 +218,7 @@ class Export(_Strict):
 
 
 class Recipe(_Strict):
-    target: str = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
+    target: PathText = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
     terms: tuple[Term, ...] = pydantic.Field(min_length=1)
     route: Literal["closed_form", "adapter"] = "closed_form"
     solve: Solve = Solve()
@@ -226,10 +226,10 @@ class Recipe(_Strict):
     adapter: Adapter = Adapter()
     verify: Verify = Verify()
     export: Export = Export()
-    bank: str | None = None
+    bank: PathText | None = None
     # Held-out zero-shot accuracy before and after the edit: task name -> a labelled folder
     # (DIR/<class>/*, relative to the recipe). Tasks need not be terms (a control task is not).
-    evaluate: dict[str, str] = {}
+    evaluate: dict[str, PathText] = {}
 
     @pydantic.field_validator("terms", mode="before")
     @classmethod

@@ -25,6 +25,20 @@ def load_finetuned(source, finetuned: str, base_dir: Path):
     return targets.load(f"{scheme}:{finetuned}", base_dir)
 
 
+def check_finetuned(source_ref: str, finetuned: str, base_dir: Path) -> str:
+    """Resolve a fine-tune the way load_finetuned reads it, loading no weights."""
+    from targets.shipped_code import refuse_unsafe_adapter
+
+    path = (base_dir / finetuned).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        refuse_unsafe_adapter(path, source_ref)
+        return str(path.resolve())
+    if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
+        return targets.check(finetuned, base_dir)
+    scheme, _ = targets.split_ref(source_ref)
+    return targets.check(f"{scheme}:{finetuned}", base_dir)
+
+
 def check_pair(source: ModelInfo, finetuned: ModelInfo, source_ref: str, finetuned_ref: str) -> None:
     """A descriptor assumes the fine-tune kept the source's text tower and width."""
     if finetuned.text_fingerprint != source.text_fingerprint:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import pydantic
 import yaml
@@ -17,6 +17,21 @@ import yaml
 from .errors import InputError
 
 FieldPath = tuple[str | int, ...]
+MAX_FILE_BYTES = 4 << 20  # recipes, task files and plans are hand-written: 4 MiB is far past any real one
+
+
+def _path_text(value: str) -> str:
+    """A path or model reference written in a YAML file: not blank, no control characters
+    (a NUL or a newline in a path is a mistake or an attack, never a file name)."""
+    if not value.strip():
+        raise ValueError("expected a non-empty path")
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ValueError(f"expected a path without control characters (found {bad!r})")
+    return value
+
+
+PathText = Annotated[str, pydantic.AfterValidator(_path_text)]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -66,6 +81,10 @@ def format_path(path: FieldPath) -> str:
 def load_yaml(path: Path, error: type[InputError]) -> tuple[Any, Callable[[FieldPath], int | None]]:
     """Parse `path` safely; return the data and a function from field path to line number."""
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise error(f"{path}: the file is {size / 2**20:.1f} MiB; ptc reads at most {MAX_FILE_BYTES >> 20} MiB "
+                        "from a YAML file", "is this the right file?")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
