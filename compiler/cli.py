@@ -69,6 +69,15 @@ def handled(command):
     return wrapper
 
 
+def _command_path(ctx: click.Context) -> str:
+    """`ptc SUBCOMMAND ...` however ptc was started (`python -m ...` names the root otherwise)."""
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["ptc", *reversed(names)])
+
+
 class PtcGroup(click.Group):
     """click, with every usage error (an unknown option, a value out of range) as one line and
     exit 2 like any other bad input, and SIGTERM handled as Ctrl-C is."""
@@ -87,8 +96,8 @@ class PtcGroup(click.Group):
         except Terminated:
             _fail("terminated (SIGTERM); nothing was written", 143)
         except click.ClickException as exc:
-            usage = exc.ctx.command_path if isinstance(exc, click.UsageError) and exc.ctx else None
-            hint = f" (hint: see `{usage} --help`)" if usage else ""
+            hint = f" (hint: see `{_command_path(exc.ctx)} --help`)" \
+                if isinstance(exc, click.UsageError) and exc.ctx else ""
             _fail(f"{exc.format_message()}{hint}", exc.exit_code)
         finally:
             if threading.current_thread() is threading.main_thread():

@@ -140,6 +140,7 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
     import copy
 
     from peft import PeftModel
+    from safetensors import SafetensorError
     from peft.tuners.lora import LoraLayer
 
     from compiler.errors import ModelError
@@ -149,7 +150,7 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
     refuse_unsafe_adapter(adapter_dir, ref)
     try:
         wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
         raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {ref}: {exc}",
                          "the adapter must have been trained on this base model") from None
     if scale != 1.0:

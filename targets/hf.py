@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from compiler.errors import ModelError, ModelNotFound
 
@@ -126,7 +127,7 @@ class HFDualEncoder:
                 folder, local_files_only=True, use_safetensors=True, trust_remote_code=False)
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
             processor = cls.load_processor(folder)
-        except (OSError, ValueError, ImportError) as exc:
+        except (OSError, ValueError, ImportError, SafetensorError) as exc:
             raise ModelError(f"{ref}: cannot load from {folder}: {exc}".split("\n")[0]) from None
         return cls(model, tokenizer, processor, ref)
 

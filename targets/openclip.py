@@ -14,6 +14,7 @@ from functools import cache, cached_property
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from compiler.errors import ModelError, ModelNotFound
 
@@ -125,7 +126,7 @@ class OpenClip:
         try:
             model = open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg else open_clip.CustomTextCLIP(**model_cfg)
             missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-        except (RuntimeError, TypeError, ValueError) as exc:
+        except (RuntimeError, TypeError, ValueError, SafetensorError) as exc:
             raise ModelError(f"open_clip:{rest}: cannot load {weights}: {exc}".split("\n")[0]) from None
         if [k for k in missing if "attn_mask" not in k] or unexpected:
             raise ModelError(f"open_clip:{rest}: checkpoint does not match the architecture "

@@ -75,9 +75,56 @@ SETUPS = {
     "out-file": lambda ctx: (Path(ctx["tmp"]) / "out").write_text("a file"),
     "eval-data": lambda ctx: (_png(Path(ctx["tmp"]) / "data" / "red" / "a.png", 1),
                               _png(Path(ctx["tmp"]) / "data" / "purple" / "b.png", 2)),
+    "bomb-image": lambda ctx: _png_header(Path(ctx["tmp"]) / "probes" / "bomb.png", 10_000, 10_000),
+    "truncated-weights": lambda ctx: _truncated_weights(Path(ctx["tmp"]) / "truncated", ctx),
+    "bank-is-file": lambda ctx: (Path(ctx["tmp"]) / "bankfile").write_text("not a bank"),
+    "entry-is-folder": lambda ctx: _entry_as_folder(Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"),
+    "pickled-adapter": lambda ctx: _pickled_adapter(Path(ctx["tmp"]) / "pickled-adapter", ctx),
+    "big-recipe": lambda ctx: (Path(ctx["tmp"]) / "big.yaml").write_text("# padding\n" * 600_000),
+    "corrupt-report": lambda ctx: ((Path(ctx["tmp"]) / "broken-build").mkdir(),
+                                   (Path(ctx["tmp"]) / "broken-build" / "report.json").write_text("{not json")),
+    "corrupt-lock": lambda ctx: ((Path(ctx["tmp"]) / "broken-build").mkdir(),
+                                 (Path(ctx["tmp"]) / "broken-build" / "terms.safetensors").write_bytes(b"x" * 64),
+                                 (Path(ctx["tmp"]) / "broken-build" / "ptc.lock").write_text("[1, 2")),
+    "not-a-bank": lambda ctx: ((Path(ctx["tmp"]) / "notbank").mkdir(),
+                               (Path(ctx["tmp"]) / "notbank" / ".notes.txt.999999999.x.tmp").write_text("mine")),
+    "missing-target-plan": lambda ctx: (Path(ctx["tmp"]) / "plan.yaml").write_text(
+        f"tasks: [{ctx['tmp']}/task.yaml]\nsources: [{{id: a, pre: 'hf:{ctx['source']}', "
+        f"finetuned: {{t: '{ctx['adapter']}'}}}}]\ntargets: ['hf:{ctx['tmp']}/nowhere']\n"),
+    "task-file": lambda ctx: (Path(ctx["tmp"]) / "task.yaml").write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n"),
     "onnx-only-build": lambda ctx: ((Path(ctx["tmp"]) / "fake-build").mkdir(),
                                     (Path(ctx["tmp"]) / "fake-build" / "report.json").write_text('{"native_ref": null}')),
 }
+
+
+def _png_header(path: Path, width: int, height: int) -> None:
+    """A PNG whose header claims width x height pixels (a decompression bomb's claim)."""
+    import struct
+    import zlib
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(  # noqa: E731
+        ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+
+
+def _truncated_weights(folder: Path, ctx) -> None:
+    """A model folder whose safetensors header claims more bytes than the file holds."""
+    shutil.copytree(ctx["target"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+
+
+def _entry_as_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _pickled_adapter(folder: Path, ctx) -> None:
+    from safetensors.torch import load_file
+    shutil.copytree(ctx["adapter"], folder)
+    torch.save(load_file(folder / "adapter_model.safetensors"), folder / "adapter_model.bin")
+    (folder / "adapter_model.safetensors").unlink()
 
 
 def _pickle_model(folder: Path, ctx) -> None:
@@ -98,7 +145,8 @@ def _register(ctx) -> None:
     from compiler.grid import load_task
     task_file = Path(ctx["tmp"]) / "task.yaml"
     task_file.write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n")
-    Bank(Path(ctx["tmp"]) / "bank").add_task(load_task(task_file))
+    # decode=False: registered as an older ptc did, which let an undecodable probe in
+    Bank(Path(ctx["tmp"]) / "bank").add_task(load_task(task_file, decode=False))
 
 
 def _snapshot(*roots: Path) -> dict:

@@ -171,3 +171,159 @@ def test_bank_verify_detects_a_flipped_bit_in_any_file(world, tmp_path):
             assert Bank(bank).verify_all()[1], (str(path.relative_to(bank)), position)
         path.write_bytes(original)
     assert Bank(bank).verify_all()[1] == []
+
+
+# -- round two (issue 35): entries bound to their keys ------------------------------------------------
+def _swap(a: Path, b: Path) -> None:
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+
+
+def _grid_embeddings(bank: Path, grid: str) -> list[Path]:
+    return sorted(bank.glob(f"embeddings/*/{grid}.safetensors"))
+
+
+def test_swapped_embeddings_are_found_and_never_make_a_descriptor(world, tmp_path):
+    """The source's and the fine-tune's cached embeddings of one grid, exchanged: each file's
+    seal is intact, but each names the other's key. Before binding, verify passed and a new
+    descriptor came out negated."""
+    from conftest import run_ptc
+
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    grid = Bank(bank).task("colour").grid_hash
+    pair = _grid_embeddings(bank, grid)[:2]
+    assert len(pair) == 2
+    _swap(*pair)
+    problems = Bank(bank).verify_all()[1]
+    assert sum("holds the record of" in p and "swapped" in p for p in problems) == 2, problems
+    result = run_ptc("descriptor", "add", "--task", "colour", "--source", f"hf:{world.source}",
+                     "--finetuned", world.adapters["colour"], "--id", "again", "--bank", bank)
+    assert result.returncode == 2 and "swapped, renamed or copied in" in result.stderr, result.stderr
+    assert "again" not in Bank(bank).descriptor_ids("colour")
+
+
+def test_swapped_renamed_and_foreign_descriptors_are_found(world, tmp_path):
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    folder = bank / "descriptors" / "colour"
+    _swap(folder / "src.safetensors", folder / "full.safetensors")
+    problems = Bank(bank).verify_all()[1]
+    assert len([p for p in problems if "holds the record of 'descriptors/colour/" in p]) == 2, problems
+    _swap(folder / "src.safetensors", folder / "full.safetensors")
+    (folder / "full.safetensors").rename(folder / "renamed.safetensors")
+    assert any("renamed.safetensors holds the record of 'descriptors/colour/full.safetensors'" in p
+               for p in Bank(bank).verify_all()[1])
+    (folder / "renamed.safetensors").unlink()
+    # From another bank, under the same key: its record is sealed and bound, but made on a grid
+    # this bank's task does not have.
+    other, ours = Bank(tmp_path / "other"), Bank(bank).descriptor("colour", "src")
+    other.put_descriptor("colour", "src", ours.tensors, {**{k: v for k, v in ours.meta.items()
+                                                           if k not in ("record_sha256", "entry")},
+                                                        "grid_hash": "e" * 64})
+    shutil.copy(tmp_path / "other" / "descriptors" / "colour" / "src.safetensors", folder / "src.safetensors")
+    assert any("copied from another bank" in p for p in Bank(bank).verify_all()[1])
+
+
+def _as_format_2(bank: Path) -> None:
+    """Rewrite a bank the way ptc 0.1 (format 2) wrote it: records sealed but bound to nothing."""
+    import safetensors.torch
+
+    from compiler.bank import _sealed
+
+    store = Bank(bank)
+    for path in sorted(bank.rglob("*.safetensors")):
+        entry = store.read_entry(str(path.relative_to(bank)))
+        record = _sealed({k: v for k, v in entry.meta.items() if k not in ("entry", "record_sha256")})
+        path.write_bytes(safetensors.torch.save(entry.tensors, metadata={"ptc": json.dumps(record, sort_keys=True)}))
+    (bank / "bank.json").write_text(json.dumps({"format": "ptc-bank", "version": 2}))
+
+
+def test_a_format_2_bank_is_refused_until_upgraded_and_keeps_its_tensors(world, tmp_path):
+    from conftest import run_ptc
+
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    before = Bank(bank).descriptor("colour", "src").sha256
+    _as_format_2(bank)
+    result = run_ptc("task", "list", "--bank", bank)
+    assert result.returncode == 2 and "has format 2" in result.stderr and "ptc bank upgrade" in result.stderr
+    result = run_ptc("bank", "upgrade", "--bank", bank)
+    assert result.returncode == 0 and "re-sealed (format 3)" in result.stdout, result.stderr
+    assert Bank(bank).verify_all()[1] == []
+    assert Bank(bank).descriptor("colour", "src").sha256 == before
+
+
+# -- round two: what ptc did not write, it never touches -------------------------------------------------
+def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, built, tmp_path):
+    from conftest import run_ptc
+
+    out = tmp_path / "out"
+    shutil.copytree(built[0], out)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, export={"out": str(out), "formats": ["safetensors"]})
+    (out / "notes.txt").write_text("mine")
+    result = run_ptc("build", recipe, "--force")
+    assert result.returncode == 2 and "holds notes.txt, which ptc did not write" in result.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    card = (out / "README.md").read_text()
+    (out / "README.md").write_text(card + "\nedited by hand\n")
+    result = run_ptc("build", recipe, "--force")
+    assert result.returncode == 2 and "holds README.md" in result.stderr
+    assert (out / "README.md").read_text().endswith("edited by hand\n")
+    (out / "README.md").write_text(card)
+    result = run_ptc("build", recipe, "--force")  # wholly ptc's again: replaced
+    assert result.returncode == 0, result.stderr
+    assert not (out / "onnx").exists() and (out / "model").is_dir()  # the new build's formats only
+
+
+def test_clean_up_removes_only_what_ptc_created(tmp_path):
+    from compiler.fsio import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
+
+    dead = 999_999_999  # no such process
+    users = tmp_path / f".out.{dead}.abc.partial"  # matches the pattern, but is a user's folder
+    users.mkdir()
+    (users / "thesis.tex").write_text("mine")
+    ours = tmp_path / f".out.{dead}.def.partial"
+    ours.mkdir()
+    (ours / STAGING_MARKER).write_text(f"{dead}\n")
+    (ours / "model.safetensors").write_bytes(b"half")
+    assert remove_stale_staging(tmp_path, "out") == [ours]
+    assert (users / "thesis.tex").read_text() == "mine" and not ours.exists()
+    user_file = tmp_path / f".notes.txt.{dead}.x.tmp"  # a user's file that looks like a temporary
+    user_file.write_text("mine")
+    assert remove_stale_temporaries(tmp_path / ".tmp") == [] and user_file.exists()
+
+
+def test_a_filesystem_refusal_is_one_line_and_exit_2(world, tmp_path, monkeypatch):
+    """A read-only bank (as root, chmod does not refuse, so the refusal is simulated where the
+    bank writes: creating its temporary file)."""
+    import tempfile
+
+    from conftest import run_ptc
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(kwargs.get("dir", "")))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    result = run_ptc("task", "add", world.tasks["colour"], "--bank", tmp_path / "bank")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Permission denied" in lines[0], result.stderr
+
+
+def test_sigterm_cleans_up_like_ctrl_c(world, tmp_path):
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    out = tmp_path / "out"
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank), export={"out": str(out)})
+    process = subprocess.Popen(_ptc("build", recipe), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob(".out.*.partial")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # wait for the export to begin: a staging folder exists
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, (process.returncode, stderr)
+    assert stderr.strip().splitlines() == ["ptc: error: terminated (SIGTERM); nothing was written"]
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+    assert Bank(bank).verify_all()[1] == []
