@@ -314,9 +314,11 @@ class Bank:
         """Re-hash every entry and check it against its key and its task; return (entries
         checked, problems). A folder that is not a bank is refused before anything is touched;
         then temporaries of writers that died are removed from .tmp/ (never part of the bank)."""
-        self._check_format()
-        if (self.root / MARKER).exists():
-            self._marker_version()
+        self._check_folder()
+        try:
+            self._check_format()
+        except BankError as exc:  # a damaged or outdated marker: reported, nothing touched
+            return 1, [exc.message]
         remove_stale_temporaries(self.scratch)
         problems, count = [], 0
         for name in self.task_names():

@@ -19,6 +19,7 @@ from targets.base import OnnxTower
 
 from . import __version__
 from .errors import OutputError
+from .fsio import OUTPUT_MARKER, STAGING_MARKER
 
 ONNX_OPSET = 18
 
@@ -174,7 +175,9 @@ def file_sha256(path: Path) -> str:
 
 
 def output_hashes(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+    """sha256 of every output file; ptc's own bookkeeping markers are not outputs."""
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in (STAGING_MARKER, OUTPUT_MARKER)}
 
 
 def lock_record(target: dict, terms: list[dict], edit: dict, recipe_sha: str, export: dict) -> dict:

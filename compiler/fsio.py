@@ -220,15 +220,16 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def staged_directory(final: Path, replace: bool, replace_unmarked: bool = False) -> Iterator[Path]:
+def staged_directory(final: Path, replace: bool, unmarked: bool = False) -> Iterator[Path]:
     """Yield an empty temporary sibling of `final`; on success mark it as ptc's output and
     rename it to `final`.
 
     On any exception the staging folder is removed and `final` is untouched. With `replace`,
     an existing `final` is swapped out only after the new one is complete, and only if it is
-    wholly ptc's (`check_replaceable`; `replace_unmarked` lets the lab's zoo tree, which it
-    owns whole, skip that). A process killed outright leaves its staging folder (named with
-    its pid, marked inside) behind; the next staging of the same output removes it.
+    wholly ptc's (`check_replaceable`). `unmarked` neither marks nor checks: for a folder in a
+    tree its caller owns whole (the lab's zoo). A process killed outright leaves its staging
+    folder (named with its pid, marked inside) behind; the next staging of the same output
+    removes it.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(final.parent, final.name)
@@ -237,14 +238,15 @@ def staged_directory(final: Path, replace: bool, replace_unmarked: bool = False)
         (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n")
         yield staging
         (staging / STAGING_MARKER).unlink()
-        mark_output(staging)
+        if not unmarked:
+            mark_output(staging)
         share_tree(staging)
         if final.is_dir() and not final.is_symlink() and not any(final.iterdir()):
             final.rmdir()  # an empty folder is no output to protect
         if final.exists() or final.is_symlink():
             if not replace:
                 raise FileExistsError(final)
-            if not replace_unmarked:
+            if not unmarked:
                 check_replaceable(final)
             old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".old"))
             os.replace(final, old)  # onto an empty folder of our own: a rename never merges

@@ -95,7 +95,7 @@ def test_lora_dropout_outside_its_range_is_refused_before_anything_is_written(wo
                      "--data", world.tasks["shape"].parent / "train", "--out", tmp_path / "lora",
                      "--lora-dropout", "1", "--bank", bank_copy)
     assert result.returncode == 2
-    assert "LoRA dropout 1.0 is outside [0, 1)" in result.stderr and "--lora-dropout takes" in result.stderr
+    assert "Invalid value for '--lora-dropout': 1.0 is not in the range 0.0<=x<1.0" in result.stderr
     assert not (tmp_path / "lora").exists()
 
 

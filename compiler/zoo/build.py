@@ -125,7 +125,7 @@ def _pretrain_member(member: Member, profile: Profile, root: Path, echo) -> dict
     trained, figures = pretrain(encoder, inputs, [c["caption"] for c in captions], config,
                                 desc=f"pretrain {member.name}")
     figures["seconds"] = round(time.perf_counter() - start, 1)
-    with staged_directory(root / "models" / member.name, replace=False) as staging:
+    with staged_directory(root / "models" / member.name, replace=False, unmarked=True) as staging:
         scheme = trained.save_native(staging)
     echo(f"  {member.name}: pretrained {config.steps} steps in {figures['seconds']:.0f}s on {figures['device']}, "
          f"final loss {figures['final_loss']:.3f}")

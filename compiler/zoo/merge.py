@@ -51,7 +51,7 @@ def merge_members(root: Path, source: Path, members: tuple[str, ...]) -> list[st
         write_json_atomic(root / INDEX, index)
         for part in ("models", "sources"):
             if (source / part / name).is_dir():
-                with staged_directory(root / part / name, replace=True, replace_unmarked=True) as staging:
+                with staged_directory(root / part / name, replace=True, unmarked=True) as staging:
                     shutil.copytree(source / part / name, staging, dirs_exist_ok=True)
         incoming = _descriptors(source / "bank", name)
         for rel, path in _descriptors(root / "bank", name).items():
