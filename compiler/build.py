@@ -6,7 +6,7 @@ in routes.py.
 
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -19,9 +19,12 @@ from .certify import TERMS_FILE, certificate, input_files, task_edits, write_ter
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
 from .errors import OutputError
 from .evaluate import zero_shot_accuracy
-from .export import (export_onnx, fp16_variant, lock_record, min_row_cosine, model_card, output_hashes, run_onnx,
+from .export import (export_onnx, fp16_variant, file_sha256, min_row_cosine, model_card, run_onnx,
                      stamp_onnx, stamp_safetensors, write_triton_model)
 from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
+from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, differences, lock_document, lock_inputs,
+                       output_files, previous_lock, read_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
+                       write_recipe_lock)
 from .options import Options
 from .plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
 from .routes import ROUTES, Edit, Run, grid_goals
@@ -169,7 +172,9 @@ def _certify(plan_: Plan, target, grids: dict[str, GridEmbeddings], edit: Edit, 
 def _terms_file_record(plan_: Plan, target, terms: list[dict]) -> dict:
     tasks = {pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
              for pt in plan_.terms}
-    where = {"ref": plan_.recipe.target, "base_dir": str(plan_.base_dir),
+    # The recipe's folder relative to the output (refs may be relative to it): a path that is the
+    # same for the same layout, so the file's bytes do not depend on where the tree lies.
+    where = {"ref": plan_.recipe.target, "base_dir": os.path.relpath(plan_.base_dir, plan_.out_dir),
              "input_fingerprint": target.input_fingerprint()}
     return {"terms": terms, "tasks": tasks, "target": where}
 
@@ -184,14 +189,26 @@ def _embed_grids(plan_: Plan, target, options: Options, run: Run) -> dict[str, G
     return grids
 
 
+def _load_target(plan_: Plan, options: Options, run: Run):
+    """The target, its bank key and the lock's inputs; with --locked, refused here, before any
+    forward pass, when an input drifted from the recipe's lock."""
+    with run.stage("load"):
+        target = targets.load(plan_.recipe.target, plan_.base_dir)
+        target_key = model_key(target)
+        inputs = lock_inputs(plan_, target)
+    if options.locked:
+        check_locked(recipe_lock_path(plan_.recipe_path), inputs)
+    elif options.export:
+        refuse_foreign_lock(recipe_lock_path(plan_.recipe_path))  # before the build, not after it
+    return target, target_key, inputs
+
+
 def execute(plan_: Plan, options: Options = Options()) -> dict:
     if plan_.out_dir is None and options.export:
         raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
                           "set export.out in the recipe or pass --out")
     recipe, run = plan_.recipe, Run()
-    with run.stage("load"):
-        target = targets.load(recipe.target, plan_.base_dir)
-        target_key = model_key(target)
+    target, target_key, inputs = _load_target(plan_, options, run)
     grids = _embed_grids(plan_, target, options, run)
     plan_ = resolve_descriptors(plan_, grids)
     plan_, strength = _choose_strengths(plan_, target, grids, options, run)
@@ -207,32 +224,55 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
         certified = _certify(plan_, target, grids, edit, options)
     with run.stage("evaluate"):
         evaluation = _evaluate(plan_, target, edit.edited, options)
-    target_record = {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
-                     "text_fingerprint": target.text_fingerprint()}
-    lock = lock_record(target_record, terms, {"route": recipe.route, **edit.lock},
-                       hashlib.sha256(plan_.recipe_bytes).hexdigest(), recipe.export.model_dump(exclude={"out"}))
-    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, target_record, lock,
-               check_paths, run)
+    derived = {"route": recipe.route, **edit.lock,
+               "operators": [{k: t[k] for k in ("task", "source", "weight", "operator_sha256")} for t in terms]}
+    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check_paths)
     if not options.export:  # verified up to the exports; nothing is written
-        return _report(*context, NOT_EXPORTED)
+        return {**_report(*context, NOT_EXPORTED), **_run_record(run)}
+    report = _write_output(plan_, options, context, derived, check_batch, run)
+    lock_change = None if options.locked else _update_recipe_lock(plan_, plan_.out_dir / LOCK_NAME)
+    return {**report, **_run_record(run), "recipe_lock": lock_change}
+
+
+def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, check_batch: Batch,
+                  run: Run) -> dict:
+    """Export, verify and write every file into a staging folder, renamed into place when all
+    passed. The lock is written last, over every other file's bytes."""
+    _, target, edit, _, terms, _, _, _, inputs, check_paths = context
+    recipe, lock_hash = plan_.recipe, sha256_of(inputs)
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
-            provenance = {"ptc_version": __version__, "ptc_recipe_sha256": lock["recipe_sha256"],
-                          "ptc_lock_hash": lock["lock_hash"], "ptc_base_model": recipe.target,
-                          "ptc_route": recipe.route}
+            provenance = {"ptc_version": __version__, "ptc_recipe_sha256": inputs["recipe_sha256"],
+                          "ptc_lock_hash": lock_hash, "ptc_base_model": recipe.target, "ptc_route": recipe.route}
             exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, provenance, run)
             report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             if edit.term_edits is not None:
                 record = _terms_file_record(plan_, target, terms)
                 write_terms(staging / TERMS_FILE, edit.term_edits, record["terms"], record["tasks"], record["target"])
-            write_json_atomic(staging / "ptc.lock", {**lock, "outputs": output_hashes(staging)})
             write_json_atomic(staging / "report.json", report)
-            (staging / "README.md").write_text(model_card(target, recipe.target, edit.card, terms, report))
+            write_bytes_atomic(staging / "README.md",
+                               model_card(target, recipe.target, edit.card, terms, report).encode("utf-8"))
+            outputs = {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}
+            write_json_atomic(staging / LOCK_NAME, lock_document(inputs, derived, outputs))
+            write_json_atomic(staging / RUN_RECORD, _run_record(run))
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None
     return report
+
+
+def _update_recipe_lock(plan_: Plan, built_lock: Path) -> dict:
+    """The recipe's lock follows its last build: written, or updated with what changed said."""
+    path = recipe_lock_path(plan_.recipe_path)
+    document = read_lock(built_lock)
+    before = previous_lock(path)
+    if before is not None and before == document:
+        return {"path": str(path), "state": "unchanged", "changes": []}
+    changes = [] if before is None else [describe(d) for d in differences(before, document)
+                                         if not d["path"].startswith("seal")]
+    write_recipe_lock(path, document)
+    return {"path": str(path), "state": "written" if before is None else "updated", "changes": changes}
 
 
 NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "onnx_provider_requested": None,
@@ -245,8 +285,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, strength, certified, target_record,
-            lock, check_paths, run: Run, exported: dict) -> dict:
+def _run_record(run: Run) -> dict:
+    """How this run went (run.json): what differs from one build of the same inputs to the next."""
+    return {"cache": dict(run.counts), "timings": dict(run.timings), "peak_rss_mb": _peak_rss_mb()}
+
+
+def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,
+            check_paths, exported: dict) -> dict:
+    """report.json: what was built and how it verified; the same bytes for the same inputs."""
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
@@ -254,12 +300,11 @@ def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, stren
                                  if k not in ("native_ref", "triton_models", "onnx_files")},
                               "check_inputs": len(check_paths)},
               "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
-    return {"ptc_version": __version__, "recipe": str(plan_.recipe_path), "route": recipe.route,
-            "target": target_record, "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
+    return {"ptc_version": __version__, "recipe": plan_.recipe_path.name, "route": recipe.route,
+            "target": inputs["target"], "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
             "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
             "verify": verify, "strength": strength or {"mode": "fixed"}, "certificate": certified,
-            "evaluation": evaluation, "cache": dict(run.counts), "timings": dict(run.timings),
-            "peak_rss_mb": _peak_rss_mb(), "lock_hash": lock["lock_hash"],
+            "evaluation": evaluation, "lock_hash": sha256_of(inputs),
             "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
             "precision": list(recipe.export.precision), "triton_models": exported["triton_models"],
             "onnx_files": exported["onnx_files"]}

@@ -120,7 +120,7 @@ def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_siz
         raise RecipeError(f"{out_dir}: task {task!r} is no term's", f"certify one of: {', '.join(tasks)}")
     spec, where = record["tasks"][task], record["target"]
     try:
-        target = targets.load(where["ref"], Path(where["base_dir"]))
+        target = targets.load(where["ref"], out_dir / where["base_dir"])  # absolute in older outputs
     except PtcError as exc:
         raise type(exc)(f"{out_dir}: the build's target {where['ref']}: {exc.message}",
                         "certify runs from the unedited target; it must still be where the build found it") from None

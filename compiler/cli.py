@@ -215,13 +215,15 @@ def check(recipe: Path, bank, out, force) -> None:
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
 @click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
 @click.option("--no-export", is_flag=True, help="Solve, fold and verify in torch; write nothing.")
+@click.option("--locked", is_flag=True,
+              help="Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); never update it.")
 @handled
-def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
-    """Build RECIPE: solve, fold, verify, export."""
+def build(recipe: Path, bank, out, force, batch_size, no_export, locked) -> None:
+    """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from .build import execute, plan
     from .options import Options
 
-    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=not no_export)
+    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=not no_export, locked=locked)
     p = plan(recipe, options)
     report = execute(p, options)
     lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
@@ -243,6 +245,78 @@ def build(recipe: Path, bank, out, force, batch_size, no_export) -> None:
                    f"({figures['delta_points']:+.1f} points, {figures['role']})")
     where = f"built {p.out_dir}" if not no_export else "verified (--no-export: nothing written)"
     click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
+    change = report.get("recipe_lock")
+    if change:
+        said = {"unchanged": "unchanged", "written": "written",
+                "updated": f"updated, {len(change['changes'])} change(s)"}[change["state"]]
+        click.echo(f"lock {change['path']}: {said}")
+        for line in change["changes"]:
+            click.echo(f"  {line}")
+
+
+@main.command("lock")
+@click.argument("recipe", type=click.Path(path_type=Path))
+@BANK_OPTION
+@click.option("--lock-file", type=click.Path(path_type=Path), default=None,
+              help="Where to write the lock (default: RECIPE with the suffix .lock).")
+@handled
+def lock_command(recipe: Path, bank, lock_file) -> None:
+    """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
+    import targets
+
+    from .build import plan
+    from .lockfile import lock_document, lock_inputs, previous_lock, recipe_lock_path, write_recipe_lock
+    from .options import Options
+
+    p = plan(recipe, Options(bank=bank, export=False))
+    path = lock_file or recipe_lock_path(p.recipe_path)
+    before = previous_lock(path)
+    document = lock_document(lock_inputs(p, targets.load(p.recipe.target, p.base_dir)))
+    if before is not None and before["inputs"] == document["inputs"]:
+        click.echo(f"lock {path}: unchanged ({document['lock_hash'][:12]})")
+        return
+    write_recipe_lock(path, document)
+    click.echo(f"lock {path}: written ({document['lock_hash'][:12]}; outputs are recorded by `ptc build`)")
+
+
+@main.command("verify")
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--lock-file", type=click.Path(path_type=Path), default=None,
+              help="Check against this lock (a recipe's committed lock) instead of OUTPUT/ptc.lock.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handled
+def verify_command(output: Path, lock_file, as_json) -> None:
+    """Re-hash OUTPUT against its lock and check its report's figures; exit 0 only if all hold."""
+    from .lockfile import verify_output
+
+    checked, problems = verify_output(output, lock_file)
+    if as_json:
+        click.echo(json.dumps({"output": str(output), "files": checked, "problems": problems}, indent=2))
+    else:
+        for problem in problems:
+            click.echo(f"{output}/{problem}", err=True)
+        click.echo(f"{output}: {checked} files checked, {len(problems)} problems")
+    if problems:
+        sys.exit(3)
+
+
+@main.command("diff")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
+@handled
+def diff_command(a: Path, b: Path, as_json) -> None:
+    """What differs between two locks or two output folders: terms, weights, fingerprints,
+    settings, versions, outputs."""
+    from .lockfile import describe, differences, load_lock_or_output
+
+    found = [d for d in differences(load_lock_or_output(a), load_lock_or_output(b)) if d["path"] != "seal"]
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for difference in found:
+        click.echo(describe(difference))
+    click.echo(f"{len(found)} difference(s)" if found else "identical")
 
 
 @main.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from targets.base import OnnxTower
 
 from . import __version__
 from .errors import OutputError
-from .fsio import OUTPUT_MARKER, STAGING_MARKER
+from .fsio import write_bytes_atomic
 
 ONNX_OPSET = 18
 
@@ -122,17 +123,28 @@ def min_row_cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min())
 
 
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same file with its JSON header written in sorted order. safetensors writes the
+    `__metadata__` map in hash order, which changes from process to process; data offsets are
+    relative to the end of the header, so re-ordering it changes no tensor byte."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8:8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the format aligns the data to 8 bytes
+    return struct.pack("<Q", len(header)) + header + data[8 + length:]
+
+
 def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
     """Add provenance to the `__metadata__` of every safetensors file under `folder`,
-    keeping what the library wrote there (transformers needs `format: pt`)."""
+    keeping what the library wrote there (transformers needs `format: pt`), in canonical
+    order so that the same build gives the same bytes."""
     from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     for path in sorted(folder.rglob("*.safetensors")):
         with safe_open(str(path), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
         metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
-        save_file(load_file(str(path)), str(path), metadata=metadata)
+        write_bytes_atomic(path, canonical_safetensors(save(load_file(str(path)), metadata=metadata)))
 
 
 TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 7: "TYPE_INT64", 6: "TYPE_INT32", 9: "TYPE_BOOL"}
@@ -172,20 +184,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def output_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every output file; ptc's own bookkeeping markers are not outputs."""
-    return {p.relative_to(root).as_posix(): file_sha256(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in (STAGING_MARKER, OUTPUT_MARKER)}
-
-
-def lock_record(target: dict, terms: list[dict], edit: dict, recipe_sha: str, export: dict) -> dict:
-    """Everything the build read, by hash; its own hash names the build."""
-    record = {"tool": "ptc", "version": __version__, "torch": torch.__version__,
-              "recipe_sha256": recipe_sha, "target": target, "edit": edit, "terms": terms, "export": export}
-    record["lock_hash"] = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
-    return record
 
 
 def model_card(encoder, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:

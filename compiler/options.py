@@ -16,6 +16,7 @@ class Options:
     batch_size: int = 64         # probes per forward pass
     progress: bool = True        # progress bars on stderr (tqdm hides them off a terminal)
     export: bool = True          # False: solve, fold and verify in torch, write nothing
+    locked: bool = False         # --locked: refuse inputs that differ from RECIPE.lock; never update it
 
     def open_bank(self, recipe_bank: Path | None = None) -> Bank:
         return Bank(self.bank or recipe_bank or default_bank_dir())

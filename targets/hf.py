@@ -212,7 +212,7 @@ class HFDualEncoder:
     def save_native(self, folder: Path) -> str:
         Path(folder).mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
+        save_tokenizer(self.tokenizer, folder)
         self.processor.save_pretrained(folder)
         return "hf"
 
@@ -224,6 +224,17 @@ class _TextTower(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask):
         return self.text_embedding(self.model, input_ids, attention_mask)
+
+
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """save_pretrained, without the last call's truncation and padding, which a fast tokenizer
+    keeps in its backend and writes into tokenizer.json: call state, not the tokenizer, and it
+    made two builds of the same inputs differ (a cold build tokenizes prompts, a warm one not)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    tokenizer.save_pretrained(folder)
 
 
 def tokenizer_identity(tokenizer) -> str:

@@ -21,6 +21,7 @@ from compiler.errors import ModelError, ModelNotFound
 from . import register_scheme
 from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, merge_adapter,
                    open_images)
+from .hf import save_tokenizer
 from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 from .tiny_vocab import clip_tokenizer
 
@@ -319,7 +320,7 @@ def _write_local_dir(folder: Path, model, config: dict, hf_tokenizer) -> None:
               str(folder / WEIGHTS), metadata={"format": "pt"})
     (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
     if hf_tokenizer is not None:
-        hf_tokenizer.save_pretrained(folder)
+        save_tokenizer(hf_tokenizer, folder)
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,

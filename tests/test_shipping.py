@@ -89,7 +89,7 @@ def test_provenance_in_onnx_and_safetensors_metadata(shipped):
     with safe_open(str(out / "model" / "model.safetensors"), framework="pt") as handle:
         metadata = handle.metadata()
     assert metadata["format"] == "pt" and metadata["ptc_lock_hash"] == report["lock_hash"]
-    assert metadata["ptc_recipe_sha256"] == json.loads((out / "ptc.lock").read_text())["recipe_sha256"]
+    assert metadata["ptc_recipe_sha256"] == json.loads((out / "ptc.lock").read_text())["inputs"]["recipe_sha256"]
 
 
 def test_model_card_front_matter_and_loading_sections(shipped):
