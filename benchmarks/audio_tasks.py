@@ -3,7 +3,7 @@
 styles: clean (as pretraining hears them) and shifted (as the downstream splits are). A task
 the tower cannot read even with labels cannot be learned from captions either.
 
-    python3 -m benchmarks.audio_tasks --task tempo --steps 300
+    python3 -m ptc.lab.benchmarks.audio_tasks --task tempo --steps 300
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-import targets
-from compiler.zoo import audio_world
-from compiler.zoo.build import _builder
-from compiler.zoo.profiles import AUDIO
+from ptc import targets
+from ptc.lab.zoo import audio_world
+from ptc.lab.zoo.build import _builder
+from ptc.lab.zoo.profiles import AUDIO
 
 
 def _clips(encoder, task: str, count: int, shifted: bool, rng: random.Random, folder: Path):

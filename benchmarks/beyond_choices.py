@@ -8,7 +8,7 @@
   target picked with hindsight on this split: retention;
 - `strength: auto`'s control_weight: net points (composed gain + control delta) over J.
 
-    python3 -m benchmarks.beyond_choices [--zoo zoo]
+    python3 -m ptc.lab.benchmarks.beyond_choices [--zoo zoo]
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import argparse
 from pathlib import Path
 
 
-from compiler.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
-from compiler.recipe import Strength
-from compiler.zoo import beyond
-from compiler.zoo.paper import ALPHA, Zoo, _points, choose_ridge
+from ptc.compiler.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
+from ptc.compiler.recipe import Strength
+from ptc.lab.zoo import beyond
+from ptc.lab.zoo.paper import ALPHA, Zoo, _points, choose_ridge
 
 
 def _standardised(utd, source, target, dim):

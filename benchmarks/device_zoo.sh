@@ -30,7 +30,7 @@ out=${OUT:-/tmp/ptc-device-out}
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-ptc() { python3 -m compiler.cli "$@"; }  # `timeout` cannot run a function: the timed calls spell it out
+ptc() { python3 -m ptc.compiler.cli "$@"; }  # `timeout` cannot run a function: the timed calls spell it out
 left() { echo $((budget - (SECONDS - start))); }
 say() { echo "[$((SECONDS - start))s] $*"; }
 
@@ -45,9 +45,9 @@ builds=()
 for m in $members; do  # each in a zoo of its own: parallel builds cannot race on one zoo.json
     say "build $m -> $work/zoo-$m"
     if [ -n "${TRIAL:-}" ]; then  # word-split on purpose: TRIAL holds several arguments
-        build=(python3 -m benchmarks.rebuild_trial $TRIAL --zoo "$zoo" --work "$work/zoo-$m" --members "$m")
+        build=(python3 -m ptc.lab.benchmarks.rebuild_trial $TRIAL --zoo "$zoo" --work "$work/zoo-$m" --members "$m")
     else
-        build=(python3 -m compiler.cli zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m")
+        build=(python3 -m ptc.compiler.cli zoo build --profile "$profile" --root "$work/zoo-$m" --member "$m")
     fi
     OMP_NUM_THREADS=$threads timeout $(( $(left) - 40 )) "${build[@]}" > "$work/build-$m.log" 2>&1 &
     builds+=($!)
@@ -73,12 +73,12 @@ say "merged zoo packed: $(ls "$out" | tr '\n' ' ')"
 
 if [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
     say "bench --quick"
-    timeout $(( $(left) - 100 )) python3 -m compiler.cli bench --quick --out "$out/bench-quick.json"
+    timeout $(( $(left) - 100 )) python3 -m ptc.compiler.cli bench --quick --out "$out/bench-quick.json"
 fi
 if [ "$(left)" -gt 90 ]; then
     say "paper on the merged zoo"
     mkdir -p "$work/paper"
-    OMP_NUM_THREADS=$(nproc) timeout $(( $(left) - 20 )) python3 -m compiler.cli paper --profile "$profile" --root "$merged" --out "$work/paper" \
+    OMP_NUM_THREADS=$(nproc) timeout $(( $(left) - 20 )) python3 -m ptc.compiler.cli paper --profile "$profile" --root "$merged" --out "$work/paper" \
         --split "${SPLIT:-test}" > "$work/paper/paper.log" 2>&1; (cd "$work" && tar -cf "$out/paper.tar" paper)
     tail -30 "$work/paper/paper.log"
 fi

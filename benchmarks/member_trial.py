@@ -7,7 +7,7 @@ pretrained and fine-tuned by `ptc zoo build`'s own code with the profile's setti
 train-split report is written as OUT/NAME-train.{md,json,png}. Compare it with
 results/paper-full-train.md.
 
-    python3 -m benchmarks.member_trial --replace resnet --by eva [--zoo zoo] [--work DIR] [--out results/trials]
+    python3 -m ptc.lab.benchmarks.member_trial --replace resnet --by eva [--zoo zoo] [--work DIR] [--out results/trials]
 
 The candidate members are defined here, as they would be in the profile if kept. eva (kept):
 about 31 minutes of pretraining and 7 of fine-tuning on 2 cores.
@@ -20,9 +20,9 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from compiler.fsio import write_json_atomic
-from compiler.zoo.build import INDEX, profile_named, read_index
-from compiler.zoo.profiles import FULL, Member
+from ptc.compiler.fsio import write_json_atomic
+from ptc.lab.zoo.build import INDEX, profile_named, read_index
+from ptc.lab.zoo.profiles import FULL, Member
 
 from .source_trial import build_and_report, copy_without_sources, zoo_index
 

@@ -9,7 +9,7 @@ recomputes every member's descriptors on the larger grid from its committed sour
 prints the Oracle gain, the cross-model gain and retention with the world's probes and with
 the larger grid, at three ridges.
 
-    python3 -m benchmarks.probe_count [--zoo zoo] [--extra 1200]
+    python3 -m ptc.lab.benchmarks.probe_count [--zoo zoo] [--extra 1200]
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import random
 import tempfile
 from pathlib import Path
 
-from compiler.descriptor import task_descriptor
-from compiler.embed import embed_probe_files, embed_probe_files_for_edit
-from compiler.solve import factorize, solve_operator
-from compiler.zoo import world
-from compiler.zoo.paper import ALPHA, Zoo, _mean, _points, retention
+from ptc.compiler.descriptor import task_descriptor
+from ptc.compiler.embed import embed_probe_files, embed_probe_files_for_edit
+from ptc.compiler.solve import factorize, solve_operator
+from ptc.lab.zoo import world
+from ptc.lab.zoo.paper import ALPHA, Zoo, _mean, _points, retention
 
 RIDGES = (1e-2, 1e-3, 1e-4)
 

@@ -11,7 +11,7 @@ The candidates: the shared shift, each of its three parts alone (the bright back
 wash, the thick strokes), the plain style and its negative, and a false-colour sensor at several
 mixes (`world.Style.false_colour`). results/trials/README.md records what they showed.
 
-    python3 -m benchmarks.readable_shift [--zoo zoo] [--tasks colour size shape count]
+    python3 -m ptc.lab.benchmarks.readable_shift [--zoo zoo] [--tasks colour size shape count]
 
 About 15 s per task on 2 cores.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compiler.descriptor import normalise
-from compiler.embed import embed_probe_files
-from compiler.labelled import labelled_files
-from compiler.zoo import headroom, world
-from compiler.zoo.paper import Zoo
+from ptc.compiler.descriptor import normalise
+from ptc.compiler.embed import embed_probe_files
+from ptc.compiler.labelled import labelled_files
+from ptc.lab.zoo import headroom, world
+from ptc.lab.zoo.paper import Zoo
 
 PER_CLASS = 40
 SHIFTED, PLAIN = world.SHIFTED, world.PLAIN

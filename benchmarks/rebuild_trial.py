@@ -10,7 +10,7 @@ The task splits come from streams of their own, so the trial's probes, train and
 byte for byte the committed zoo's (checked before anything trains). The build is `ptc zoo
 build`'s own code and resumable: run the same command again to continue.
 
-    python3 -m benchmarks.rebuild_trial --work DIR [--pretrain IMAGES] [--longer FACTOR]
+    python3 -m ptc.lab.benchmarks.rebuild_trial --work DIR [--pretrain IMAGES] [--longer FACTOR]
                                         [--shapes NAME] [--zoo zoo] [--out results/trials]
 
 --pretrain sets the corpus size (the committed zoo's: 12,000 captioned images); --longer
@@ -28,8 +28,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from compiler.zoo.build import build_zoo, profile_named, world_fields, write_world_once
-from compiler.zoo.profiles import Profile
+from ptc.lab.zoo.build import build_zoo, profile_named, world_fields, write_world_once
+from ptc.lab.zoo.profiles import Profile
 
 from .source_trial import build_and_report, different_split_files, zoo_index
 

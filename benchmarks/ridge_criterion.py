@@ -14,7 +14,7 @@ Oracle is within one standard error of the best eligible one's (the error of the
 per-cell difference). The rule `ptc paper` uses picks the best one outright, so near-ties (a
 few hundredths of a point) decide it.
 
-    python3 -m benchmarks.ridge_criterion [--zoo zoo]
+    python3 -m ptc.lab.benchmarks.ridge_criterion [--zoo zoo]
 
 About 12 s for the full zoo on 2 cores once its bank holds the grid embeddings (`ptc paper` fills them).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.zoo.paper import RANDOM_UTD_BAR, RIDGES, Zoo, _mean, addition_cells, negation_sweep, retention
+from ptc.lab.zoo.paper import RANDOM_UTD_BAR, RIDGES, Zoo, _mean, addition_cells, negation_sweep, retention
 
 
 def gains(cells: list[dict]) -> str:

@@ -7,7 +7,7 @@ shifted grid, once on its plain-style variant (colour-plain, count-plain, quadra
 fine-tunes of different tasks agree only where both grids carry the shift, what they share is
 the shift's correction, not anything about their tasks.
 
-    python3 -m benchmarks.shift_agreement [--zoo zoo]
+    python3 -m ptc.lab.benchmarks.shift_agreement [--zoo zoo]
 
 About 40 s for the full zoo on 2 cores.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from compiler.descriptor import centred, cosine
-from compiler.zoo.paper import Zoo, _mean, descriptor_on_grid
-from compiler.zoo.world import IN_DISTRIBUTION
+from ptc.compiler.descriptor import centred, cosine
+from ptc.lab.zoo.paper import Zoo, _mean, descriptor_on_grid
+from ptc.lab.zoo.world import IN_DISTRIBUTION
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ Before any source, the members' zero-shot accuracy on each new task's train spli
 and the trial stops if a style fails its requirement (`unfit_styles`; `--check-only` stops
 there in any case).
 
-    python3 -m benchmarks.shift_trial [--shift per-task|false-colour] [--check-only] [--zoo zoo]
+    python3 -m ptc.lab.benchmarks.shift_trial [--shift per-task|false-colour] [--check-only] [--zoo zoo]
                                       [--work /tmp/shift-trial] [--out results/trials] [--name SHIFT-shift]
 """
 
@@ -23,14 +23,14 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import targets
-from benchmarks.source_trial import build_and_report, different_split_files, record_world, zoo_index
-from compiler.bank import Bank
-from compiler.evaluate import zero_shot_accuracy
-from compiler.fsio import write_json_atomic
-from compiler.grid import load_task
-from compiler.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
-from compiler.zoo.world import DOWNSTREAM_SHIFTS, attribute_of, task_style
+from ptc import targets
+from ptc.lab.benchmarks.source_trial import build_and_report, different_split_files, record_world, zoo_index
+from ptc.compiler.bank import Bank
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.fsio import write_json_atomic
+from ptc.compiler.grid import load_task
+from ptc.lab.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
+from ptc.lab.zoo.world import DOWNSTREAM_SHIFTS, attribute_of, task_style
 
 AT_CHANCE = 0.02  # zero-shot within 2 points of chance reads a task not at all
 AS_PLAIN, NO_HEADROOM = 0.05, 0.85  # read within 5 points of the plain style, or above 0.85: no shift

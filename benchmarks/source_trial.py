@@ -13,7 +13,7 @@ stream of their own: probes and test splits stay the committed bytes) for the so
 from. The report is then scored on the larger train split, so its baseline is the control
 `--train-extra N --keep-sources`: the committed sources, fine-tuned again on nothing, scored there.
 
-    python3 -m benchmarks.source_trial [--steps 50] [--lora-dropout 0.1] [--train-extra 80]
+    python3 -m ptc.lab.benchmarks.source_trial [--steps 50] [--lora-dropout 0.1] [--train-extra 80]
                                        [--keep-sources] [--members resnet] [--name NAME]
                                        [--zoo zoo] [--work /tmp/source-trial] [--out results/trials]
 
@@ -28,13 +28,13 @@ import filecmp
 import shutil
 from pathlib import Path
 
-import targets
-from compiler.errors import InputError
-from compiler.fsio import write_json_atomic
-from compiler.lora import check_lora_dropout
-from compiler.zoo import build, paper, report
-from compiler.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index, world_fields, write_world_once
-from compiler.zoo.world import check_size
+from ptc import targets
+from ptc.errors import InputError
+from ptc.compiler.fsio import write_json_atomic
+from ptc.compiler.lora import check_lora_dropout
+from ptc.lab.zoo import build, paper, report
+from ptc.lab.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index, world_fields, write_world_once
+from ptc.lab.zoo.world import check_size
 
 # Not copied, by folder: what the trial does not need (the audio zoo, the pretraining corpus)
 # and the operators, solved from descriptors, some of which it rebuilds.

@@ -2,7 +2,7 @@
 SHAPES table's (benchmarks/rebuild_trial.py), measured side by side in one run on a small
 world of the full profile's kind: what a shape trial's time estimate rests on.
 
-    python3 -m benchmarks.step_time [--shapes wide-1.5] [--steps 25] [--images 512]
+    python3 -m ptc.lab.benchmarks.step_time [--shapes wide-1.5] [--steps 25] [--images 512]
 
 About a minute for the world and 30 s per member on 2 cores.
 """
@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import targets
-from compiler.zoo.build import _builder, profile_named, write_world_once
-from compiler.zoo.pretrain import pretrain
+from ptc import targets
+from ptc.lab.zoo.build import _builder, profile_named, write_world_once
+from ptc.lab.zoo.pretrain import pretrain
 
 from .rebuild_trial import SHAPES, changed_profile
 

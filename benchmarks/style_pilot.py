@@ -10,7 +10,7 @@ axis (background grey up to 0.5 against the shift's 0.55-0.7, up to 30% light gr
 colours against its 45%, thin strokes only against its thick ones). It prints each one's
 zero-shot accuracy and a labelled linear probe (cross-validated) per task.
 
-    python3 -m benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread] [--seed 0]
+    python3 -m ptc.lab.benchmarks.style_pilot [--zoo zoo] [--member clip] [--steps 2500] [--style plain|spread] [--seed 0]
 
 Two --style runs side by side (one thread each, 2,500 steps) took 11 minutes for clip and 19 for vit on 2 cores.
 The whole zoo pretrained in the spread (`WorldSize.pretrain_style`) read more but transferred
@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-import targets
-from compiler.embed import embed_probe_files
-from compiler.evaluate import zero_shot_accuracy
-from compiler.labelled import labelled_files
-from compiler.zoo import world
-from compiler.zoo.build import _pretrain_member, profile_named
-from compiler.zoo.headroom import linear_probe
-from compiler.zoo.paper import Zoo
+from ptc import targets
+from ptc.compiler.embed import embed_probe_files
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.labelled import labelled_files
+from ptc.lab.zoo import world
+from ptc.lab.zoo.build import _pretrain_member, profile_named
+from ptc.lab.zoo.headroom import linear_probe
+from ptc.lab.zoo.paper import Zoo
 
 TASKS = ("shape", "colour", "count", "size", "quadrant", "background", "count-plain")
 

@@ -48,7 +48,7 @@ def _write_tasks(root: Path, size: dict, count: int, seed: int = 0) -> list[Path
 
 
 def _model(folder: Path, size: dict, seed: int, width_scale: float = 1.0) -> str:
-    from targets.hf_clip import build_tiny
+    from ptc.lab.tiny.hf_clip import build_tiny
 
     width = int(size["width"] * width_scale) // size["heads"] * size["heads"]
     build_tiny(folder, width=width, embed_dim=int(size["embed_dim"] * width_scale), layers=size["layers"],
@@ -58,7 +58,7 @@ def _model(folder: Path, size: dict, seed: int, width_scale: float = 1.0) -> str
 
 def _random_adapter(encoder, folder: Path, seed: int) -> Path:
     """A rank-4 q/v LoRA with random factors: a stand-in fine-tune (training is not measured here)."""
-    from compiler.lora import attach_lora
+    from ptc.compiler.lora import attach_lora
 
     module = attach_lora(encoder, rank=4, alpha=8, seed=seed, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)
@@ -86,8 +86,8 @@ def _exponent(xs, ys) -> float:
 
 # -- 1. bank build vs the forward-pass floor ------------------------------------------------------
 def _bank_world(root: Path, size: dict, n_targets: int, n_sources: int, n_tasks: int):
-    import targets
-    from compiler.bankfill import SourceSpec
+    from ptc import targets
+    from ptc.compiler.bankfill import SourceSpec
 
     task_files = _write_tasks(root / "tasks", size, n_tasks)
     sources = []
@@ -103,8 +103,8 @@ def _bank_world(root: Path, size: dict, n_targets: int, n_sources: int, n_tasks:
 
 def _forward_floor(sources, target_refs, bank) -> dict:
     """Decode + forward of every (model, grid) pair a bank build needs, models preloaded."""
-    import targets
-    from compiler.embed import embed_probe_files
+    from ptc import targets
+    from ptc.compiler.embed import embed_probe_files
 
     pairs = []
     for spec in sources:
@@ -130,10 +130,10 @@ def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_t
     """Fill `repeats` fresh banks, timing the bare forward floor before, between and after
     them: the machine's drift and torch's first-call warm-up then hit both sides alike, and
     the ratio is of the medians."""
-    from compiler import timers
-    from compiler.bank import Bank
-    from compiler.bankfill import fill_bank
-    from compiler.grid import load_task
+    from ptc import timers
+    from ptc.compiler.bank import Bank
+    from ptc.compiler.bankfill import fill_bank
+    from ptc.compiler.grid import load_task
 
     task_files, sources, target_refs = _bank_world(root, size, n_targets, n_sources, n_tasks)
     specs = [load_task(task_file) for task_file in task_files]
@@ -160,7 +160,7 @@ def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_t
 
 # -- 2. solve: cached factors vs recomputed ----------------------------------------------------------
 def bench_solve(n: int, m: int, d: int, repeats: int = 5) -> dict:
-    from compiler.solve import factorize, solve_dense, solve_operator
+    from ptc.compiler.solve import factorize, solve_dense, solve_operator
 
     g = torch.Generator().manual_seed(0)
     inputs, rows = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
@@ -188,9 +188,9 @@ def _recipe(folder: Path, bank, target_ref: str, n_terms: int, route: str = "clo
 
 
 def _timed_build(recipe: Path, export: bool) -> tuple[float, dict]:
-    from compiler import timers
-    from compiler.build import execute, plan
-    from compiler.options import Options
+    from ptc import timers
+    from ptc.compiler.build import execute, plan
+    from ptc.compiler.options import Options
 
     options = Options(force=True, export=export, progress=False)
     timers.snapshot_and_reset()
@@ -221,10 +221,10 @@ def bench_compile(root: Path, bank, target_ref: str, n_terms: int) -> dict:
 def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: int) -> dict:
     import onnxruntime as ort
 
-    import targets
-    from compiler.export import export_onnx
-    from compiler.lora import attach_lora
-    from targets.base import OnnxTower
+    from ptc import targets
+    from ptc.compiler.export import export_onnx
+    from ptc.compiler.lora import attach_lora
+    from ptc.targets.base import OnnxTower
 
     base = targets.load(target_ref)
     tower = base.onnx_towers()[0]
@@ -354,6 +354,6 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
 
 
 def write(results: dict, path: Path) -> None:
-    from compiler.fsio import write_json_atomic
+    from ptc.compiler.fsio import write_json_atomic
 
     write_json_atomic(path, json.loads(json.dumps(results, default=str)))

@@ -3,7 +3,7 @@ per task on held-out images in the shifted (downstream) and the plain (pretraini
 and how distinct each task's class prompts are. The zoo's leading indicator, measured before
 any zoo model is trained for real.
 
-    python3 -m benchmarks.zoo_feasibility --steps 1500 --out /tmp/zoo-feasibility
+    python3 -m ptc.lab.benchmarks.zoo_feasibility --steps 1500 --out /tmp/zoo-feasibility
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-import targets
-from compiler.descriptor import class_embeddings, normalise
-from compiler.grid import load_task
-from compiler.labelled import labelled_files
-from compiler.zoo.pretrain import PretrainConfig
-from compiler.zoo.pretrain import pretrain as zoo_pretrain
-from compiler.zoo.world import PLAIN, WorldSize, _digit_images, digit_pools, render, sample_scene, write_world
-from targets.hf_clip import build_tiny
+from ptc import targets
+from ptc.compiler.descriptor import class_embeddings, normalise
+from ptc.compiler.grid import load_task
+from ptc.compiler.labelled import labelled_files
+from ptc.lab.zoo.pretrain import PretrainConfig
+from ptc.lab.zoo.pretrain import pretrain as zoo_pretrain
+from ptc.lab.zoo.world import PLAIN, WorldSize, _digit_images, digit_pools, render, sample_scene, write_world
+from ptc.lab.tiny.hf_clip import build_tiny
 
 
 def pretrain(encoder, root: Path, steps: int, batch_size: int = 128, lr: float = 1e-3):

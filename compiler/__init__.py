@@ -1,3 +1,3 @@
-"""ptc: compile recipes of signed task sums into edited dual encoders."""
+"""The compiler: recipe -> plan -> execute -> verify -> export, the operator bank and the CLI."""
 
-__version__ = "0.1.0"
+from .. import __version__  # noqa: F401  (re-exported: modules here say `from . import __version__`)

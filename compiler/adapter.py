@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from targets.base import Batch, batch_len, batch_rows
+from ..targets.base import Batch, batch_len, batch_rows
 
 from .descriptor import affinity
 from .lora import attach_lora, train

@@ -31,11 +31,11 @@ import safetensors.torch
 import torch
 
 from . import __version__
-from .errors import BankError, TaskError
+from ..errors import BankError, TaskError
 from .fsio import file_lock, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
-from .hashing import tensors_sha256
-from .timers import timed
+from ..hashing import tensors_sha256
+from ..timers import timed
 
 BANK_FORMAT = 3  # 2: every record sealed with record_sha256; 3: and bound to its key
 UPGRADABLE_FORMATS = (2,)

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import targets
+from .. import targets
 
 from .bank import Bank
 from .embed import embed_grid, model_key

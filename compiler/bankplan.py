@@ -18,7 +18,7 @@ import pydantic
 
 from .bank import Bank
 from .bankfill import SourceSpec, fill_bank
-from .errors import PlanError
+from ..errors import PlanError
 from .grid import NAME_PATTERN, TaskSpec, load_task
 from .yamlio import PathText, load_yaml, validate
 
@@ -81,9 +81,9 @@ def load_plan(path: Path) -> BankPlan:
 
 def check_references(plan: BankPlan) -> None:
     """PlanError, naming the field, for any target, source or fine-tune that does not resolve."""
-    import targets
+    from .. import targets
 
-    from .errors import PtcError
+    from ..errors import PtcError
     from .sources import check_finetuned
 
     checks = [(f"targets[{i}]", targets.check, (ref, plan.base_dir)) for i, ref in enumerate(plan.targets)]

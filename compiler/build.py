@@ -11,13 +11,13 @@ from pathlib import Path
 
 import torch
 
-import targets
-from targets.base import Batch
+from .. import targets
+from ..targets.base import Batch
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
-from .errors import OutputError
+from ..errors import OutputError
 from .evaluate import zero_shot_accuracy
 from .export import (export_onnx, fp16_variant, file_sha256, min_row_cosine, model_card, run_onnx,
                      stamp_onnx, stamp_safetensors, write_triton_model)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import PtcError
+from ..errors import PtcError
 
 BANK_OPTION = click.option("--bank", type=click.Path(path_type=Path), default=None,
                            help="Bank directory (default: the recipe's `bank:`, else $PTC_BANK, "
@@ -78,9 +78,37 @@ def _command_path(ctx: click.Context) -> str:
     return " ".join(["ptc", *reversed(names)])
 
 
+COMMAND_PLUGINS = "ptc.commands"  # entry points: a callable taking ptc's group (the lab's commands)
+
+
 class PtcGroup(click.Group):
     """click, with every usage error (an unknown option, a value out of range) as one line and
-    exit 2 like any other bad input, and SIGTERM handled as Ctrl-C is."""
+    exit 2 like any other bad input, SIGTERM handled as Ctrl-C is, and the commands of
+    installed plugins added when the group is first asked for its commands (importing this
+    module imports no plugin)."""
+
+    _plugins_loaded = False
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=COMMAND_PLUGINS):
+            try:
+                add_commands = entry.load()
+            except ImportError:  # a plugin whose dependencies are missing adds nothing
+                continue
+            add_commands(self)
+
+    def list_commands(self, ctx):
+        self._load_plugins()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, name):
+        self._load_plugins()
+        return super().get_command(ctx, name)
 
     def main(self, *args, **kwargs):
         import signal
@@ -262,7 +290,7 @@ def build(recipe: Path, bank, out, force, batch_size, no_export, locked) -> None
 @handled
 def lock_command(recipe: Path, bank, lock_file) -> None:
     """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
-    import targets
+    from .. import targets
 
     from .build import plan
     from .lockfile import lock_document, lock_inputs, previous_lock, recipe_lock_path, write_recipe_lock
@@ -332,7 +360,7 @@ def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
     from .certify import certify_output
 
     if not data.is_dir():
-        from .errors import RecipeError
+        from ..errors import RecipeError
         raise RecipeError(f"--data: {data} is not a folder", "give a folder of input files (subfolders are read)")
     figures = certify_output(output, data, task_name, batch_size)
     if as_json:
@@ -382,9 +410,9 @@ def eval_command(model, task_name, data, as_json, bank) -> None:
 @handled
 def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, bank) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
-    import targets
+    from .. import targets
 
-    from .errors import OutputError
+    from ..errors import OutputError
     from .finetune import finetune_lora
 
     from .fsio import check_output_location, check_replaceable
@@ -441,7 +469,7 @@ def bank_upgrade(bank) -> None:
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
-        from .errors import BankError
+        from ..errors import BankError
         raise BankError(f"{len(problems)} entries of {store.root} failed their check; nothing was upgraded",
                         "delete those entries (they are recomputed on demand), then upgrade again")
     click.echo(f"bank {store.root}: {count} entries re-sealed (format 3)")
@@ -459,138 +487,6 @@ def bank_verify(bank) -> None:
     click.echo(f"{count} entries checked, {len(problems)} problems in {store.root}")
     if problems:
         sys.exit(2)
-
-
-# -- the offline zoo ------------------------------------------------------------------------------
-@main.group()
-def zoo() -> None:
-    """Build and inspect the offline zoo (models pretrained here on a generated world)."""
-
-
-def _zoo_dir(root: Path | None, profile: str = "full") -> Path:
-    """--root, else the profile's folder under $PTC_ZOO or the repository's zoo/."""
-    from targets.zoo import zoo_root
-
-    from .zoo.profiles import PROFILES
-    return root or zoo_root() / PROFILES[profile].folder
-
-
-def _profiles() -> list[str]:
-    from .zoo.profiles import PROFILES
-    return list(PROFILES)
-
-
-@zoo.command("build")
-@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True,
-              help="full: the image zoo; audio: the CLAP zoo; tiny, audio-tiny: test size.")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository; audio: its audio/ folder).")
-@click.option("--member", "members", multiple=True, help="Build only these members (repeatable).")
-@handled
-def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
-    """Build the zoo, or continue an interrupted build where it stopped."""
-    from .zoo.build import build_zoo, collapsed, profile_named, quality_rows
-
-    root = _zoo_dir(root, profile)
-    index = build_zoo(root, profile_named(profile), echo=click.echo, members=members or None)
-    for row in quality_rows(index):
-        click.echo(row)
-    broken = collapsed(index)
-    if broken:
-        click.echo(f"warning: class prompts collapsed on {', '.join(broken)}: those tasks cannot be edited "
-                   "on those members", err=True)
-    click.echo(f"zoo ({profile}) at {root}: {len(index['members'])} members")
-
-
-@zoo.command("merge")
-@click.argument("source", type=click.Path(path_type=Path))
-@click.option("--member", "members", multiple=True, required=True, help="A member to take from SOURCE (repeatable).")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="The zoo to merge into (default: $PTC_ZOO, else zoo/ in the repository).")
-@handled
-def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None:
-    """Take members built in another copy of this zoo (model, sources, descriptors, record)."""
-    from .zoo.merge import merge_members
-
-    root = _zoo_dir(root)
-    for name in merge_members(root, source, members):
-        click.echo(f"zoo:{name} <- {source}")
-
-
-@zoo.command("show")
-@click.option("--root", type=click.Path(path_type=Path), default=None)
-@handled
-def zoo_show(root: Path | None) -> None:
-    """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
-    from .zoo.build import built_index, quality_rows
-
-    for row in quality_rows(built_index(_zoo_dir(root))):
-        click.echo(row)
-
-
-@main.command()
-@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
-                   "tiny, audio-tiny: OUT/zoo-PROFILE); built or completed if needed.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
-@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
-              help="What to score: the held-out test splits (the report), or the train splits, to judge a "
-                   "change to the zoo before its test figures are seen (written as paper-PROFILE-train).")
-@handled
-def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
-    """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
-    from .zoo import paper as harness
-    from .zoo import report
-    from .zoo.build import build_zoo, profile_named, read_index
-
-    scratch = profile_named(profile).scratch
-    root = root or (out / f"zoo-{profile}" if scratch else _zoo_dir(None, profile))
-    profile = read_index(root).get("profile", profile)  # a zoo named by --root is run as it was built
-    # A finished zoo is left as it is, except for the splits it does not commit (written again).
-    build_zoo(root, profile_named(profile), echo=click.echo)
-    results = harness.run(root, echo=click.echo, split=split)
-    written = report.write(results, out, f"paper-{profile}" + ("-train" if split == "train" else ""))
-    for line in report.findings(results):
-        click.echo(line)
-    click.echo(f"written: {', '.join(str(p) for p in written)}")
-
-
-@main.command()
-@click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
-@click.option("--size", type=click.Choice(["tiny", "small", "vit-b"]), default=None,
-              help="Model and grid size (default: small with --quick, vit-b otherwise).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results.json"), show_default=True)
-@handled
-def bench(quick: bool, size: str | None, out: Path) -> None:
-    """Measure the build against its floor; print a table and write JSON."""
-    try:
-        from benchmarks import suite
-    except ImportError:
-        raise PtcError("the benchmarks package is not importable", "run from a checkout: pip install -e .") from None
-    results = suite.run(quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True))
-    suite.write(results, out)
-    rows = suite.summary_rows(results)
-    width = max(len(r[0]) for r in rows)
-    for name, measured, target in rows:
-        click.echo(f"{name:<{width}}  {measured:<48} {target}")
-    click.echo(f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
-               f"cuda {results['machine']['cuda']}; written to {out}")
-
-
-@main.command()
-@click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="LoRA steps per source.")
-@handled
-def demo(workdir: Path, steps: int) -> None:
-    """Run the built-in offline default end to end (tiny generated world and models)."""
-    from .demo import run_demo
-
-    report = run_demo(workdir, steps=steps, echo=click.echo)
-    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
-    click.echo(f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
-               f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}")
-    click.echo(f"output: {Path(workdir).resolve() / 'dist' / 'target-edit'}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,9 +11,9 @@ from tqdm import tqdm
 
 from .bank import Bank, TaskRecord
 from .descriptor import class_embeddings
-from .errors import BankError
+from ..errors import BankError
 from .grid import grid_hash
-from .timers import timed
+from ..timers import timed
 
 
 @dataclass(frozen=True)

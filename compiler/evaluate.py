@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-import targets
+from .. import targets
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files
-from .errors import InputError
+from ..errors import InputError
 from .fsio import read_json_file
 from .labelled import labelled_files
 

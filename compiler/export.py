@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from targets.base import OnnxTower
+from ..targets.base import OnnxTower
 
 from . import __version__
-from .errors import OutputError
+from ..errors import OutputError
 from .fsio import write_bytes_atomic
 
 ONNX_OPSET = 18

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from targets.base import batch_rows, batch_to
+from ..targets.base import batch_rows, batch_to
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise

@@ -188,7 +188,7 @@ def foreign_entries(folder: Path) -> list[str]:
 
 def check_replaceable(folder: Path) -> None:
     """OutputError unless `folder` is missing, empty, or wholly what ptc wrote there."""
-    from .errors import OutputError
+    from ..errors import OutputError
 
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         raise OutputError(f"output {folder} exists and is not a folder ptc wrote; ptc replaces only its own outputs",
@@ -264,7 +264,7 @@ def check_output_location(out: Path, protected: dict[str, Path]) -> None:
     """OutputError unless `out` can be written without touching what it must not: its path
     runs through folders (not a file), and it is neither inside nor around any `protected` path
     (the bank, the recipe, ...: `{"the bank": path}`)."""
-    from .errors import OutputError
+    from ..errors import OutputError
 
     for ancestor in out.parents:
         if ancestor.exists() or ancestor.is_symlink():
@@ -283,7 +283,7 @@ def check_output_location(out: Path, protected: dict[str, Path]) -> None:
 def read_json_file(path: Path, what: str):
     """A JSON file ptc wrote (a report, a lock), or OutputError naming it: a corrupt one is bad
     input, not a crash."""
-    from .errors import OutputError
+    from ..errors import OutputError
 
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pydantic
 
-from .errors import PtcError, TaskError
+from ..errors import PtcError, TaskError
 from .yamlio import PathText, load_yaml, validate
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -97,8 +97,8 @@ def _collect_probes(spec: TaskFile, base: Path, task_path: Path) -> tuple[Path, 
 def check_probes_decode(task_path: Path, probes: tuple[Path, ...]) -> None:
     """Every probe decodes as what its suffix says (an image, or audio), so that a broken file
     is refused when the task is registered, not at the first forward pass of a later build."""
-    from targets.audio import read_audio
-    from targets.base import open_image
+    from ..targets.audio import read_audio
+    from ..targets.base import open_image
 
     for probe in probes:
         try:

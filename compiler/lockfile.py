@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError, OutputError, PtcError
+from ..errors import InputError, OutputError, PtcError
 from .fsio import OUTPUT_MARKER, STAGING_MARKER, write_json_atomic
 
 LOCK_FORMAT = 2

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def default_device() -> torch.device:

@@ -8,8 +8,8 @@ from collections import Counter
 
 from .bank import Bank, Entry, TaskRecord
 from .embed import GridEmbeddings
-from .errors import BankError
-from .timers import timed
+from ..errors import BankError
+from ..timers import timed
 from .solve import GridFactors, factorize, solve_operator
 
 

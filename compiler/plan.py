@@ -7,11 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import targets
+from .. import targets
 
 from .bank import Bank, Entry, TaskRecord
 from .embed import check_grid_unchanged
-from .errors import BankError, OutputError, PtcError, RecipeError
+from ..errors import BankError, OutputError, PtcError, RecipeError
 from .fsio import check_output_location, check_replaceable
 from .options import Options
 from .recipe import Recipe, Term, load_recipe

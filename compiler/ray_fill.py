@@ -18,7 +18,7 @@ from tqdm import tqdm
 from .bank import Bank, TaskRecord
 from .bankfill import SourceSpec, same_source
 from .embed import ModelInfo, embedding_record, grid_embeddings
-from .errors import PtcError
+from ..errors import PtcError
 from .operators import check_operator, factors_record, operator_record
 from .solve import GridFactors, factorize, solve_operator
 from .sources import check_pair, descriptor_record
@@ -31,7 +31,7 @@ CRASH_ONCE_ENV = "PTC_RAY_CRASH_ONCE"
 
 
 def _worker_model(ref: str, finetuned: str | None, base_dir: str):
-    import targets
+    from .. import targets
 
     from .sources import load_finetuned
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 import pydantic
 
-from .errors import RecipeError
+from ..errors import RecipeError
 from .grid import NAME_PATTERN
 from .yamlio import PathText, load_yaml, validate
 

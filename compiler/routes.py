@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from targets.base import Batch, batch_to
+from ..targets.base import Batch, batch_to
 
 from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
 from .embed import GridEmbeddings, embed_probe_files
-from .hashing import tensors_sha256
+from ..hashing import tensors_sha256
 from .lora import default_device
 from .operators import ensure_factors, ensure_operator
 from .options import Options

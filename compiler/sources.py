@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import targets
+from .. import targets
 
 from .bank import Bank, Entry, TaskRecord
 from .descriptor import affinity, task_descriptor
 from .embed import GridEmbeddings, ModelInfo, check_grid_unchanged, embed_grid, model_info
-from .errors import ModelError
+from ..errors import ModelError
 from .grid import check_name
 
 
@@ -27,7 +27,7 @@ def load_finetuned(source, finetuned: str, base_dir: Path):
 
 def check_finetuned(source_ref: str, finetuned: str, base_dir: Path) -> str:
     """Resolve a fine-tune the way load_finetuned reads it, loading no weights."""
-    from targets.shipped_code import refuse_unsafe_adapter
+    from ..targets.shipped_code import refuse_unsafe_adapter
 
     path = (base_dir / finetuned).expanduser()
     if path.is_dir() and (path / "adapter_config.json").is_file():

@@ -16,7 +16,7 @@ import torch
 from .bank import Entry
 from .descriptor import affinity, agreement_weights, consensus, relative_descriptor
 from .embed import GridEmbeddings
-from .hashing import tensors_sha256
+from ..hashing import tensors_sha256
 from .plan import Plan, PlannedTerm
 from .recipe import Term
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import VerifyError
+from ..errors import VerifyError
 from .solve import GridFactors, edited_embeddings, solve_operator
 
 LINEARITY_COEFFICIENTS = (1.0, -1.5, 1.0)  # U1 - 1.5 U2 + U3, as in the paper's check

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable
 import pydantic
 import yaml
 
-from .errors import InputError
+from ..errors import InputError
 
 FieldPath = tuple[str | int, ...]
 MAX_FILE_BYTES = 4 << 20  # recipes, task files and plans are hand-written: 4 MiB is far past any real one

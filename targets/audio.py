@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.errors import InputError
+from ..errors import InputError
 
 
 def read_audio(path: Path, rate: int, max_samples: int) -> np.ndarray:

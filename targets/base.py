@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from compiler.hashing import tensors_sha256
+from ..hashing import tensors_sha256
 
 
 # A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
@@ -143,7 +143,7 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
     from safetensors import SafetensorError
     from peft.tuners.lora import LoraLayer
 
-    from compiler.errors import ModelError
+    from ..errors import ModelError
 
     from .shipped_code import refuse_unsafe_adapter
 
@@ -168,7 +168,7 @@ def open_image(path: Path):
 
     from PIL import Image, UnidentifiedImageError
 
-    from compiler.errors import InputError
+    from ..errors import InputError
 
     try:
         with warnings.catch_warnings():

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from compiler.errors import ModelError, ModelNotFound
+from ..errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
 from .base import OnnxTower, fingerprint_tensors, merge_adapter

@@ -57,11 +57,11 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
     way a user does, in a subprocess."""
     argv = [str(arg) for arg in args]
     if not in_process or os.environ.get("PTC_TEST_SUBPROCESS") == "1":
-        return subprocess.run([sys.executable, "-m", "compiler.cli", *argv], cwd=cwd or REPO,
+        return subprocess.run([sys.executable, "-m", "ptc.compiler.cli", *argv], cwd=cwd or REPO,
                               capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
     from click.testing import CliRunner
 
-    from compiler.cli import main
+    from ptc.compiler.cli import main
 
     with contextlib.chdir(cwd or REPO):
         result = CliRunner(env=env).invoke(main, argv, prog_name="ptc")
@@ -74,9 +74,9 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
 
 def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: int) -> dict[str, Path]:
     """Register each task, fine-tune a LoRA source on its train split, add its descriptor as 'src'."""
-    from compiler.finetune import finetune_lora
-    from compiler.grid import load_task
-    from compiler.sources import add_descriptor
+    from ptc.compiler.finetune import finetune_lora
+    from ptc.compiler.grid import load_task
+    from ptc.compiler.sources import add_descriptor
 
     adapters = {}
     for name, task_file in tasks.items():
@@ -90,7 +90,7 @@ def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: in
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> Path:
     """The zoo built with the tiny profile (its members, sources and bank), built once."""
-    from compiler.zoo.build import build_zoo, profile_named
+    from ptc.lab.zoo.build import build_zoo, profile_named
 
     root = tmp_path_factory.mktemp("zoo")
     build_zoo(root, profile_named("tiny"), echo=lambda _: None)
@@ -99,11 +99,11 @@ def zoo(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
-    import targets
-    from compiler.bank import Bank
-    from compiler.demo import write_world
-    from compiler.sources import add_descriptor
-    from targets.hf_clip import build_tiny
+    from ptc import targets
+    from ptc.compiler.bank import Bank
+    from ptc.lab.demo import write_world
+    from ptc.compiler.sources import add_descriptor
+    from ptc.lab.tiny.hf_clip import build_tiny
 
     root = tmp_path_factory.mktemp("world")
     tasks = write_world(root / "world", probes=16, train=8, test=6)
@@ -128,10 +128,10 @@ class AudioWorld:
 
 @pytest.fixture(scope="session")
 def audio_world(tmp_path_factory) -> AudioWorld:
-    import targets
-    from compiler.bank import Bank
-    from compiler.demo import write_audio_world
-    from targets.hf_clap import build_tiny
+    from ptc import targets
+    from ptc.compiler.bank import Bank
+    from ptc.lab.demo import write_audio_world
+    from ptc.lab.tiny.hf_clap import build_tiny
 
     root = tmp_path_factory.mktemp("audio")
     tasks = write_audio_world(root / "world")

@@ -5,10 +5,10 @@ import json
 import torch
 from safetensors.torch import load_file
 
-import targets
-from compiler.bank import Bank
-from compiler.evaluate import zero_shot_accuracy
-from compiler.finetune import finetune_lora
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.finetune import finetune_lora
 from conftest import run_ptc, write_recipe
 
 FAST = {"rank": 4, "max_steps": 60, "lr": 1.0e-2, "batch_size": 16}
@@ -74,7 +74,7 @@ def test_ctrl_c_during_finetune_leaves_nothing(world, tmp_path):
     import time
 
     out = tmp_path / "lora"
-    process = subprocess.Popen([sys.executable, "-m", "compiler.cli", "finetune", "--task", "colour",
+    process = subprocess.Popen([sys.executable, "-m", "ptc.compiler.cli", "finetune", "--task", "colour",
                                 "--model", f"hf:{world.source}", "--data", world.tasks["colour"].parent / "train",
                                 "--out", out, "--steps", "100000", "--bank", world.bank],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from compiler.errors import InputError
-from targets.audio import read_audio
+from ptc.errors import InputError
+from ptc.targets.audio import read_audio
 
 
 def _tone(rate, seconds, freq=440.0):

@@ -12,8 +12,8 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from compiler.bank import Bank
-from compiler.cli import main
+from ptc.compiler.bank import Bank
+from ptc.compiler.cli import main
 
 CASES = yaml.safe_load((Path(__file__).parent / "bad_inputs" / "cases.yaml").read_text())
 
@@ -32,10 +32,10 @@ def _copy_descriptor(ctx, new_id: str, **changes) -> None:
 
 
 def _operator_wrong_shape(ctx) -> None:
-    import targets
+    from ptc import targets
     from collections import Counter
-    from compiler.embed import embed_grid, model_key
-    from compiler.operators import ensure_factors
+    from ptc.compiler.embed import embed_grid, model_key
+    from ptc.compiler.operators import ensure_factors
 
     bank, target = Bank(ctx["copy"]), targets.load(f"hf:{ctx['target']}")
     task, key = bank.task("colour"), model_key(target)
@@ -142,7 +142,7 @@ def _weights_only(folder: Path, config: str | None) -> None:
 
 
 def _register(ctx) -> None:
-    from compiler.grid import load_task
+    from ptc.compiler.grid import load_task
     task_file = Path(ctx["tmp"]) / "task.yaml"
     task_file.write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n")
     # decode=False: registered as an older ptc did, which let an undecodable probe in

@@ -8,15 +8,15 @@ import pytest
 import torch
 import yaml
 
-import targets
-from compiler.bank import Bank
-from compiler.bankplan import load_plan, run_plan
-from compiler.errors import PlanError
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.compiler.bankplan import load_plan, run_plan
+from ptc.errors import PlanError
 from conftest import run_ptc
 
 
 def _random_adapter(model_ref: str, folder: Path, seed: int) -> str:
-    from compiler.lora import attach_lora
+    from ptc.compiler.lora import attach_lora
 
     module = attach_lora(targets.load(model_ref), rank=2, alpha=4, seed=seed, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)
@@ -30,7 +30,7 @@ def _random_adapter(model_ref: str, folder: Path, seed: int) -> str:
 @pytest.fixture(scope="module")
 def plan_file(world, tmp_path_factory) -> Path:
     """2 targets x 2 sources x 2 tasks, of three different widths."""
-    from targets.hf_clip import build_tiny
+    from ptc.lab.tiny.hf_clip import build_tiny
 
     root = tmp_path_factory.mktemp("plan")
     other = build_tiny(root / "other", width=40, embed_dim=20, seed=5)

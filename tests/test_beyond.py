@@ -12,14 +12,14 @@ import pytest
 import torch
 import yaml
 
-import targets
-from compiler.bank import Bank
-from compiler.certify import certificate
-from compiler.descriptor import AGREEMENT_FLOOR, affinity, agreement_weights, consensus, relative_descriptor
-from compiler.embed import embed_grid
-from compiler.recipe import Strength
-from compiler.solve import solve_dense
-from compiler.strength import choose_strengths
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.compiler.certify import certificate
+from ptc.compiler.descriptor import AGREEMENT_FLOOR, affinity, agreement_weights, consensus, relative_descriptor
+from ptc.compiler.embed import embed_grid
+from ptc.compiler.recipe import Strength
+from ptc.compiler.solve import solve_dense
+from ptc.compiler.strength import choose_strengths
 from conftest import run_ptc, write_recipe
 
 RIDGE = 0.01

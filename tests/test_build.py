@@ -11,11 +11,11 @@ import safetensors.torch
 import torch
 from transformers import CLIPModel
 
-from compiler.bank import Bank
-from compiler.embed import model_key
+from ptc.compiler.bank import Bank
+from ptc.compiler.embed import model_key
 from conftest import clip_pixels, run_ptc, write_recipe
 
-import targets
+from ptc import targets
 
 
 def _edit_operator(world, report):

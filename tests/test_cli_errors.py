@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from compiler.bank import Bank
+from ptc.compiler.bank import Bank
 from conftest import run_ptc, write_recipe
 
 

@@ -12,12 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import targets
-from compiler.bank import Bank
-from compiler.embed import model_key
-from compiler.errors import ModelError
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.compiler.embed import model_key
+from ptc.errors import ModelError
 from conftest import run_ptc, write_recipe
-from targets import hf_clap, hf_clip, hf_siglip, openclip, tiny_vocab
+from ptc.lab import tiny_vocab
+from ptc.lab.tiny import hf_clap, hf_clip, hf_siglip, openclip  # the tiny builders
+from ptc.targets.openclip import WEIGHTS
 
 # family -> (tiny builder, reference scheme for a saved folder[, probe modality]); a new family adds one row.
 FAMILIES = {
@@ -78,9 +80,9 @@ def test_open_clip_tiny_vocab_is_open_clips_own_tokenizer_and_ships_with_the_mod
 
     folder = openclip.build_tiny(tmp_path / "tiny", width=32, embed_dim=20, seed=2, vocab="tiny")
     bundled = openclip.build_tiny(tmp_path / "bundled", width=32, embed_dim=20, seed=2)
-    rows = load_file(folder / openclip.WEIGHTS)["token_embedding.weight"].shape[0]
+    rows = load_file(folder / WEIGHTS)["token_embedding.weight"].shape[0]
     assert rows == len(tiny_vocab.clip_tokenizer()) < 1000
-    assert load_file(bundled / openclip.WEIGHTS)["token_embedding.weight"].shape[0] == 49408
+    assert load_file(bundled / WEIGHTS)["token_embedding.weight"].shape[0] == 49408
     encoder = targets.load(f"open_clip:local-dir:{folder}")
     # Independently: open_clip's own loader and get_tokenizer on the folder, as a server would.
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{folder}")
@@ -264,7 +266,7 @@ def test_hf_clip_descriptors_build_into_a_siglip_head(world, bank_copy, tmp_path
 
 
 def test_siglip_lora_source_into_an_hf_clip_target(world, bank_copy, tmp_path):
-    from compiler.finetune import finetune_lora
+    from ptc.compiler.finetune import finetune_lora
 
     folder = hf_siglip.build_tiny(tmp_path / "siglip", width=40, seed=7)
     source = targets.load(f"hf:{folder}")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from compiler.errors import RecipeError, TaskError
-from compiler.grid import grid_hash, load_task
-from compiler.recipe import load_recipe
+from ptc.errors import RecipeError, TaskError
+from ptc.compiler.grid import grid_hash, load_task
+from ptc.compiler.recipe import load_recipe
 
 GOOD = """target: hf:/models/clip
 terms:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.bank import Bank
+from ptc.compiler.bank import Bank
 from conftest import run_ptc, tree_digest, write_recipe
 
 # Bookkeeping, not outputs: this run's timings and cache counts, and the ownership record that
@@ -85,7 +85,7 @@ def test_locked_refuses_a_changed_target_weight(locked):
 
 
 def test_locked_refuses_another_ptc_or_library_version(locked, monkeypatch):
-    from compiler import lockfile
+    from ptc.compiler import lockfile
 
     recipe, _, _ = locked
     real = lockfile.library_versions()
@@ -153,10 +153,10 @@ def test_a_lock_that_is_not_ptcs_is_never_overwritten(world, tmp_path):
 
 
 def test_the_committed_demo_lock_matches_the_demo_recipe():
-    from compiler.lockfile import read_lock
+    from ptc.compiler.lockfile import read_lock
     from conftest import REPO
 
     lock = read_lock(REPO / "recipes" / "demo.lock")
     import hashlib
     assert lock["inputs"]["recipe_sha256"] == hashlib.sha256((REPO / "recipes" / "demo.yaml").read_bytes()).hexdigest()
-    assert lock["outputs"] and lock["inputs"]["target"]["ref"] == "zoo:clip"
+    assert lock["outputs"] and lock["inputs"]["target"]["ref"] == "hf:../zoo/models/clip"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler.bank import Bank
-from compiler.fsio import remove_stale_staging
+from ptc.compiler.bank import Bank
+from ptc.compiler.fsio import remove_stale_staging
 from conftest import REPO, write_recipe
 
 # -- forbidden calls ------------------------------------------------------------------------------
@@ -68,11 +68,11 @@ def test_scanner_catches_planted_calls():
 
 
 def test_no_code_execution_on_load_anywhere():
-    files = [p for folder in ("compiler", "targets", "benchmarks") for p in (REPO / folder).rglob("*.py")]
+    files = [p for folder in ("ptc", "compiler", "targets", "lab", "benchmarks") for p in (REPO / folder).rglob("*.py")]
     assert len(files) > 20
     problems = {str(p.relative_to(REPO)): calls for p in files if (calls := forbidden_calls(p.read_text()))}
     assert problems == {}
-    from compiler import yamlio
+    from ptc.compiler import yamlio
     import yaml
     assert issubclass(yamlio._StrictLoader, yaml.SafeLoader)
 
@@ -85,7 +85,7 @@ def _complete(out: Path) -> bool:
 
 
 def _ptc(*args) -> list[str]:
-    return [sys.executable, "-m", "compiler.cli", *map(str, args)]
+    return [sys.executable, "-m", "ptc.compiler.cli", *map(str, args)]
 
 
 def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp_path):
@@ -231,7 +231,7 @@ def _as_format_2(bank: Path) -> None:
     """Rewrite a bank the way ptc 0.1 (format 2) wrote it: records sealed but bound to nothing."""
     import safetensors.torch
 
-    from compiler.bank import _sealed
+    from ptc.compiler.bank import _sealed
 
     store = Bank(bank)
     for path in sorted(bank.rglob("*.safetensors")):
@@ -280,7 +280,7 @@ def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, 
 
 
 def test_clean_up_removes_only_what_ptc_created(tmp_path):
-    from compiler.fsio import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
+    from ptc.compiler.fsio import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
 
     dead = 999_999_999  # no such process
     users = tmp_path / f".out.{dead}.abc.partial"  # matches the pattern, but is a user's folder

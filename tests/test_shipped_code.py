@@ -74,7 +74,7 @@ def _hf_pickle_only(world, tmp, sentinel):
 
 
 def _open_clip_folder(tmp: Path, sentinel: Path) -> Path:
-    from targets.openclip import build_tiny
+    from ptc.lab.tiny.openclip import build_tiny
 
     folder = build_tiny(tmp / "evil-open-clip", vocab="tiny")
     _plant(folder, sentinel)
@@ -199,8 +199,8 @@ def test_no_code_shipped_with_a_model_runs(case, world, tmp_path):
 def test_every_loader_passes_trust_remote_code_false_even_without_the_scan(world, tmp_path, monkeypatch):
     """The second wall: with the folder scan switched off, transformers is still told not to
     trust the folder, so it loads its own class (or refuses) and never prompts or imports."""
-    import targets
-    import targets.hf as hf
+    from ptc import targets
+    import ptc.targets.hf as hf
 
     sentinel = tmp_path / "code-ran"
     folder = _hf_copy(world, tmp_path, sentinel)

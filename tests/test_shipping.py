@@ -131,7 +131,7 @@ def test_shipped_files_are_readable_by_the_server_user_as_the_umask_allows(shipp
 
 
 def test_atomic_writes_follow_the_umask(tmp_path):
-    from compiler.fsio import staged_directory, write_bytes_atomic
+    from ptc.compiler.fsio import staged_directory, write_bytes_atomic
 
     previous = os.umask(0o027)
     try:

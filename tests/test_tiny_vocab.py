@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-import targets
-from compiler.zoo.build import _builder
-from compiler.zoo.profiles import AUDIO, FULL, Member, WorldSize
-from compiler.zoo.worlds import world_module
-from targets.tiny_vocab import PROMPT_WORDS, byte_bpe
+from ptc import targets
+from ptc.lab.zoo.build import _builder
+from ptc.lab.zoo.profiles import AUDIO, FULL, Member, WorldSize
+from ptc.lab.zoo.worlds import world_module
+from ptc.lab.tiny_vocab import PROMPT_WORDS, byte_bpe
 
 CAPTIONS = WorldSize(pretrain=300, probes=1, train=0, test=0)
 CASES = [(profile, member) for profile in (FULL, AUDIO) for member in profile.members]
@@ -83,7 +83,7 @@ def test_the_bpe_trainer_matches_the_tokenizers_library_where_that_one_is_stable
 
 def test_the_bpe_trainer_gives_the_same_merges_in_every_process():
     # The library numbered CLIP's end-of-word symbols in hash-map order, which differs per process.
-    script = ("import hashlib; from targets.tiny_vocab import byte_bpe; "
+    script = ("import hashlib; from ptc.lab.tiny_vocab import byte_bpe; "
               "print(hashlib.sha256(repr(byte_bpe(word_suffix='</w>')).encode()).hexdigest())")
     digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}

@@ -10,10 +10,11 @@ import re
 import pytest
 import torch
 
-import targets
-from compiler.lora import attach_lora
-from compiler.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
-from targets import hf_clip, hf_siglip, openclip
+from ptc import targets
+from ptc.compiler.lora import attach_lora
+from ptc.lab.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
+from ptc.lab.tiny import hf_clip, hf_siglip, openclip  # the tiny builders
+from ptc.targets.openclip import OpenClip
 
 
 def _tiny_eva(folder):
@@ -91,7 +92,7 @@ def test_pretraining_trains_both_towers_and_the_saved_model_reloads_identically(
 
 def test_siglip_pretrains_with_the_sigmoid_loss_and_clip_with_softmax():
     assert hf_siglip.HFSiglip.contrastive_loss == "sigmoid"
-    assert hf_clip.HFClip.contrastive_loss == "softmax" == openclip.OpenClip.contrastive_loss
+    assert hf_clip.HFClip.contrastive_loss == "softmax" == OpenClip.contrastive_loss
 
 
 def _perturb_lora(module, seed: int = 0) -> None:
@@ -139,13 +140,14 @@ def test_an_adapter_merged_at_half_strength_moves_the_weights_half_way(tmp_path)
 
 
 def test_a_checkpoint_naming_ptcs_own_timm_tower_loads_in_a_fresh_process(tmp_path):
-    """open_clip builds the tower by its timm name, which only ptc registers: loading must do it."""
+    """open_clip builds the tower by its timm name, which only the lab registers: loading, with the
+    lab installed, must do it (its plugin adds the tower hook)."""
     import subprocess
     import sys
 
     ref = f"open_clip:local-dir:{_tiny_eva(tmp_path / 'eva')}"
     expected = targets.load(ref).embed_inputs(_pixels(32, 2))
-    code = ("import sys, torch, targets; e = targets.load(sys.argv[1]); "
+    code = ("import sys, torch; from ptc import targets; e = targets.load(sys.argv[1]); "
             "g = torch.Generator().manual_seed(0); "
             "print(e.embed_inputs({'pixel_values': torch.randn(2, 3, 32, 32, generator=g)}).sum().item())")
     result = subprocess.run([sys.executable, "-c", code, ref], capture_output=True, text=True, check=True)

@@ -9,15 +9,15 @@ import dataclasses
 
 import pytest
 
-import targets
-from benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
-from benchmarks.shift_trial import check_unchanged_splits, copy_members, fails_requirement
-from benchmarks import source_trial
-from benchmarks.source_trial import build_and_report
-from compiler.errors import InputError
-from compiler.zoo import build
-from compiler.zoo.build import build_zoo, profile_named, read_index, write_world_once
-from compiler.zoo.world import TASKS, write_task
+from ptc import targets
+from ptc.lab.benchmarks.rebuild_trial import SHAPES, changed_profile, different_split_files, trial_name
+from ptc.lab.benchmarks.shift_trial import check_unchanged_splits, copy_members, fails_requirement
+from ptc.lab.benchmarks import source_trial
+from ptc.lab.benchmarks.source_trial import build_and_report
+from ptc.errors import InputError
+from ptc.lab.zoo import build
+from ptc.lab.zoo.build import build_zoo, profile_named, read_index, write_world_once
+from ptc.lab.zoo.world import TASKS, write_task
 from conftest import tree_digest
 
 TINY = profile_named("tiny")
@@ -169,7 +169,7 @@ def test_an_extra_train_trial_grows_only_the_train_splits_and_its_control_keeps_
 
 
 def test_the_one_standard_error_rule_picks_the_largest_ridge_within_an_error_of_the_best():
-    from benchmarks.ridge_criterion import one_standard_error_choice
+    from ptc.lab.benchmarks.ridge_criterion import one_standard_error_choice
 
     oracle = {1.0: [1.0, 2.0, 3.0, 4.0], 0.01: [9.0, 11.0, 10.0, 12.0],
               0.001: [10.0, 11.0, 11.0, 12.0], 1e-4: [15.0, 15.0, 15.0, 15.0]}
@@ -184,9 +184,9 @@ def test_the_one_standard_error_rule_picks_the_largest_ridge_within_an_error_of_
 def test_the_readability_benchmark_reads_zero_shot_as_ptc_eval_does(zoo, tmp_path):
     """benchmarks/readable_shift: its zero-shot figure on images it draws is what the product's
     evaluation scores on them, and every style draws the same scenes' labels."""
-    from benchmarks import readable_shift
-    from compiler.evaluate import zero_shot_accuracy
-    from compiler.zoo.paper import Zoo
+    from ptc.lab.benchmarks import readable_shift
+    from ptc.compiler.evaluate import zero_shot_accuracy
+    from ptc.lab.zoo.paper import Zoo
 
     harness = Zoo(zoo, split="train")
     readable_shift.draw(tmp_path / "shared", "colour", readable_shift.SHIFTED)

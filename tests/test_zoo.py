@@ -10,12 +10,12 @@ import shutil
 import pytest
 import torch
 
-import targets
-from compiler.bank import Bank
-from compiler.errors import ModelNotFound
-from compiler.evaluate import zero_shot_accuracy
-from compiler.zoo import paper, report
-from compiler.zoo.build import build_zoo, profile_named, read_index
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.errors import ModelNotFound
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.lab.zoo import paper, report
+from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 from conftest import run_ptc, tree_digest
 
 TINY = profile_named("tiny")
@@ -89,7 +89,7 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
 def test_a_build_stopped_mid_way_keeps_the_record_of_every_source_it_finished(zoo, tmp_path, monkeypatch):
     """A device run's build killed by its time limit once lost the records (fine-tuning figures)
     of sources whose adapters were on disk: the index is now written after each source it records."""
-    from compiler.zoo import build
+    from ptc.lab.zoo import build
 
     copy = tmp_path / "zoo"
     shutil.copytree(zoo, copy)
@@ -177,7 +177,7 @@ def test_a_zoo_built_with_another_profile_is_refused(zoo):
 def test_a_profile_whose_world_changed_is_refused_not_recorded_over_the_old_world(zoo, tmp_path):
     import dataclasses
 
-    from compiler.errors import InputError
+    from ptc.errors import InputError
 
     copy = tmp_path / "zoo"
     shutil.copytree(zoo, copy)
@@ -247,7 +247,7 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
     assert {"same_task_cosine_centred", "different_task_cosine_centred"} <= set(results["agreement"])
     # Per task, over member pairs (a two-member zoo has one pair): read from the bank independently.
-    from compiler.descriptor import centred, cosine
+    from ptc.compiler.descriptor import centred, cosine
     harness, by_task = paper.Zoo(zoo), results["agreement"]["same_task_cosine_centred_by_task"]
     harness.use_ridge(results["ridge"])
     first, second = harness.members
@@ -341,7 +341,7 @@ def test_addition_against_strength_recomputed_at_full_strength(zoo, results):
 def test_where_the_residual_reaches_the_edit_recomputed_for_one_cell(zoo, results):
     """Table 8 for zoo:clip as the target of zoo:vit's first task: its operator acts on the
     embedding itself, so the shift field is the probes' embeddings times the edit."""
-    from compiler.descriptor import cosine
+    from ptc.compiler.descriptor import cosine
 
     harness = paper.Zoo(zoo)
     harness.use_ridge(results["ridge"])
@@ -363,7 +363,7 @@ def test_where_the_residual_reaches_the_edit_recomputed_for_one_cell(zoo, result
 
 def test_table_8_columns_on_known_cells():
     """Two (target, task) pairs of three sources each, with gains and agreements set by hand."""
-    from compiler.zoo import residual
+    from ptc.lab.zoo import residual
 
     def row(target, source, agreement, gain, oracle=10.0):
         return {"target": target, "task": "t", "source": source, "descriptor": agreement, "operator": -agreement,
@@ -384,7 +384,7 @@ def test_table_8_columns_on_known_cells():
 
 
 def test_the_diagnosis_puts_table_8_beside_the_paper_and_the_step_to_full_strength():
-    from compiler.zoo import residual
+    from ptc.lab.zoo import residual
 
     place = {"agreement": 0.5, "rank_correlation": -0.3, "best_source_hits": 1, "pairs": 2}
     table8 = {"descriptor": place, "operator": {**place, "agreement": 0.25}, "shift_field": place,
@@ -535,7 +535,7 @@ def test_centred_agreement_ignores_a_shift_shared_by_a_probes_classes():
     generator = torch.Generator().manual_seed(0)
     u = torch.randn(30, 5, generator=generator, dtype=torch.float64)
     shifted = u + torch.randn(30, 1, generator=generator, dtype=torch.float64) * 10
-    from compiler.descriptor import centred, cosine
+    from ptc.compiler.descriptor import centred, cosine
     assert cosine(shifted, u) < 0.5
     assert cosine(centred(shifted), centred(u)) == pytest.approx(1.0, abs=1e-12)
 
@@ -559,10 +559,10 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
 
 
 def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eval(zoo, results):
-    from compiler.descriptor import class_embeddings, normalise
-    from compiler.embed import embed_probe_files
-    from compiler.labelled import labelled_files
-    from compiler.zoo import headroom
+    from ptc.compiler.descriptor import class_embeddings, normalise
+    from ptc.compiler.embed import embed_probe_files
+    from ptc.compiler.labelled import labelled_files
+    from ptc.lab.zoo import headroom
 
     room = results["headroom"]
     assert room["split"] == "train" and room["ridge"] == results["ridge"]
@@ -599,7 +599,7 @@ def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eva
 def test_headroom_measures_separate_class_offsets_and_generalisation():
     from types import SimpleNamespace
 
-    from compiler.zoo import headroom
+    from ptc.lab.zoo import headroom
 
     generator = torch.Generator().manual_seed(0)
     n, d, m = 200, 12, 4

@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-import targets
-from compiler.bank import Bank
-from compiler.errors import ModelNotFound
-from compiler.zoo import paper
-from compiler.zoo.build import build_zoo, profile_named, read_index
+from ptc import targets
+from ptc.compiler.bank import Bank
+from ptc.errors import ModelNotFound
+from ptc.lab.zoo import paper
+from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 from conftest import tree_digest
 
 AUDIO_TINY = profile_named("audio-tiny")

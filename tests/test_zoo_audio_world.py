@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from compiler.zoo.audio_world import (LENGTHS, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
+from ptc.lab.zoo.audio_world import (LENGTHS, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
                                       write_task, write_world)
-from compiler.zoo.world import WorldSize
+from ptc.lab.zoo.world import WorldSize
 from conftest import tree_digest
 
 SMALL = WorldSize(pretrain=6, probes=4, train=2, test=1)
@@ -77,10 +77,10 @@ def test_noise_colours_differ_in_spectral_slope():
 
 
 def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
-    import targets
-    from compiler.bank import Bank
-    from compiler.grid import load_task
-    from targets.hf_clap import build_tiny
+    from ptc import targets
+    from ptc.compiler.bank import Bank
+    from ptc.compiler.grid import load_task
+    from ptc.lab.tiny.hf_clap import build_tiny
 
     files = write_world(tmp_path / "world", SMALL, seed=0)
     assert set(files) == set(TASKS)
@@ -101,7 +101,7 @@ def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
 def test_the_audio_world_refuses_the_image_worlds_styles_and_shifts(tmp_path):
     import dataclasses
 
-    from compiler.errors import InputError
+    from ptc.errors import InputError
 
     with pytest.raises(InputError, match="the audio world has no pretraining style 'spread'"):
         write_world(tmp_path, dataclasses.replace(SMALL, pretrain_style="spread"))

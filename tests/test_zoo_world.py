@@ -6,14 +6,14 @@ import random
 import numpy as np
 from PIL import Image
 
-from compiler.grid import load_task
-from compiler.labelled import labelled_files
+from ptc.compiler.grid import load_task
+from ptc.compiler.labelled import labelled_files
 import dataclasses
 
 import pytest
 
-from compiler.errors import InputError
-from compiler.zoo.world import (CONTROL_TASKS, DIGITS, IN_DISTRIBUTION, PLAIN, SHIFTED, SPREAD_GREY, SPREAD_WASH, TASKS,
+from ptc.errors import InputError
+from ptc.lab.zoo.world import (CONTROL_TASKS, DIGITS, IN_DISTRIBUTION, PLAIN, SHIFTED, SPREAD_GREY, SPREAD_WASH, TASKS,
                                 TEST_DIGITS, Style, WorldSize, _digit_images, render, sample_scene, spread_style,
                                 task_style, write_task, write_world)
 from conftest import tree_digest
@@ -95,7 +95,7 @@ def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_p
     written again at the committed zoo's sizes, match every committed file."""
     from pathlib import Path
 
-    from compiler.zoo.world import write_task
+    from ptc.lab.zoo.world import write_task
 
     committed = Path(__file__).resolve().parent.parent / "zoo"
     index = json.loads((committed / "zoo.json").read_text())

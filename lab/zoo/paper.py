@@ -23,14 +23,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-import targets
+from ptc import targets
 
-from ..bank import Bank
-from ..descriptor import centred, cosine, normalise, task_descriptor
-from ..embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
-from ..evaluate import zero_shot_accuracy
-from ..labelled import labelled_files
-from ..solve import edited_embeddings, factorize, solve_operator
+from ptc.compiler.bank import Bank
+from ptc.compiler.descriptor import centred, cosine, normalise, task_descriptor
+from ptc.compiler.embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.labelled import labelled_files
+from ptc.compiler.solve import edited_embeddings, factorize, solve_operator
 from . import headroom, residual
 from .build import read_index
 from .report import ridge_choice

@@ -12,9 +12,9 @@ import json
 import os
 from pathlib import Path
 
-from compiler.errors import ModelError, ModelNotFound
+from ptc.errors import ModelError, ModelNotFound
 
-from . import register_scheme
+from ptc import targets
 
 REPOSITORY_ZOO = Path(__file__).resolve().parent.parent / "zoo"
 INDEX = "zoo.json"
@@ -50,19 +50,23 @@ def _member_ref(name: str) -> tuple[str, Path]:
 
 
 def load(name: str, base_dir: Path):
-    from . import load as load_ref
-
     ref, root = _member_ref(name)
-    encoder = load_ref(ref, root)
+    encoder = targets.load(ref, root)
     encoder.ref = f"zoo:{name}"
     return encoder
 
 
 def check(name: str, base_dir: Path) -> str:
-    from . import check as check_ref
-
     ref, root = _member_ref(name)
-    return check_ref(ref, root)
+    return targets.check(ref, root)
 
 
-register_scheme("zoo", load, check)
+def register() -> None:
+    """The lab's plugin for ptc.targets (entry point): the `zoo:` scheme, and the lab's small
+    timm towers, registered before open_clip builds a model (the zoo's EVA member names one)."""
+    from ptc.targets.openclip import add_tower_hook
+
+    from .tiny.openclip import register_timm_towers
+
+    targets.register_scheme("zoo", load, check)
+    add_tower_hook(register_timm_towers)

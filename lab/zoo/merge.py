@@ -14,8 +14,8 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import InputError
-from ..fsio import staged_directory, write_bytes_atomic, write_json_atomic
+from ptc.errors import InputError
+from ptc.compiler.fsio import staged_directory, write_bytes_atomic, write_json_atomic
 from .build import INDEX, WORLD_FIELDS, built_index
 
 SAME_WORLD = ("profile", *WORLD_FIELDS)  # index fields both zoos must share

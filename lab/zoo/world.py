@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..errors import InputError
+from ptc.errors import InputError
 
 SIZE = 32
 # Four outlines that stay apart at 4-7 px (a ring and a diamond read as a circle and a square).

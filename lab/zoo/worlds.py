@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-KINDS = {"image": "compiler.zoo.world", "audio": "compiler.zoo.audio_world"}
+KINDS = {"image": "ptc.lab.zoo.world", "audio": "ptc.lab.zoo.audio_world"}
 
 
 def world_module(kind: str):

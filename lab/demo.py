@@ -117,16 +117,16 @@ def write_audio_world(root: Path, probes: int = 12, train: int = 8, test: int = 
 def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     """Generate everything under `workdir`, then task add -> finetune -> descriptor add ->
     build -> eval, exactly as a user would run the commands."""
-    import targets
-    from targets.hf_clip import build_tiny
+    from ptc import targets
+    from ptc.lab.tiny.hf_clip import build_tiny
 
-    from .bank import Bank
-    from .build import execute, plan
-    from .evaluate import evaluate
-    from .finetune import finetune_lora
-    from .grid import load_task
-    from .options import Options
-    from .sources import add_descriptor
+    from ptc.compiler.bank import Bank
+    from ptc.compiler.build import execute, plan
+    from ptc.compiler.evaluate import evaluate
+    from ptc.compiler.finetune import finetune_lora
+    from ptc.compiler.grid import load_task
+    from ptc.compiler.options import Options
+    from ptc.compiler.sources import add_descriptor
 
     workdir = Path(workdir).resolve()
     bank = Bank(workdir / "bank")

@@ -18,10 +18,10 @@ import time
 import torch
 from tqdm import tqdm
 
-from targets.base import Batch, batch_len, batch_rows, batch_to
+from ptc.targets.base import Batch, batch_len, batch_rows, batch_to
 
-from ..descriptor import normalise
-from ..lora import default_device, device_name
+from ptc.compiler.descriptor import normalise
+from ptc.compiler.lora import default_device, device_name
 from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}

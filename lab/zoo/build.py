@@ -2,7 +2,7 @@
 fine-tuned source per (task, seed) whose descriptor goes into the zoo's bank.
 
     ROOT/zoo.json                      index: profile, members (ref, pretraining, quality), sources
-    ROOT/world/                        the generated world (compiler.zoo.world)
+    ROOT/world/                        the generated world (ptc.lab.zoo.world)
     ROOT/models/NAME/                  a member in its library's native format (zoo:NAME)
     ROOT/sources/NAME/TASK-sSEED/      a peft adapter: the member fine-tuned on TASK
     ROOT/bank/                         the zoo's bank: tasks and descriptors NAME-sSEED
@@ -24,16 +24,16 @@ from typing import Callable
 
 import torch
 
-import targets
+from ptc import targets
 
-from ..bank import Bank
-from ..descriptor import class_embeddings, normalise
-from ..errors import InputError
-from ..evaluate import zero_shot_accuracy
-from ..finetune import finetune_lora
-from ..fsio import staged_directory, write_json_atomic
-from ..grid import load_task
-from ..sources import add_descriptor
+from ptc.compiler.bank import Bank
+from ptc.compiler.descriptor import class_embeddings, normalise
+from ptc.errors import InputError
+from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.finetune import finetune_lora
+from ptc.compiler.fsio import staged_directory, write_json_atomic
+from ptc.compiler.grid import load_task
+from ptc.compiler.sources import add_descriptor
 from .pretrain import pretrain
 from .profiles import PROFILES, Member, Profile
 from .worlds import ensure_task, world_module
@@ -84,7 +84,7 @@ def world_fields(profile: Profile) -> dict:
 
 def _builder(member: Member):
     module, _, function = member.builder.partition(":")
-    return getattr(importlib.import_module(f"targets.{module}"), function)
+    return getattr(importlib.import_module(f"ptc.lab.tiny.{module}"), function)
 
 
 def _task_files(root: Path) -> dict[str, Path]:

@@ -13,11 +13,11 @@ import itertools
 
 import torch
 
-from ..certify import certificate
-from ..descriptor import affinity, consensus, cosine
-from ..recipe import Strength, Term
-from ..strength import choose_strengths
-from ..terms import combined_descriptor, source_descriptor
+from ptc.compiler.certify import certificate
+from ptc.compiler.descriptor import affinity, consensus, cosine
+from ptc.compiler.recipe import Strength, Term
+from ptc.compiler.strength import choose_strengths
+from ptc.compiler.terms import combined_descriptor, source_descriptor
 from .paper import _mean, _points
 
 ALPHA = 0.5

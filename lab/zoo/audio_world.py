@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ..errors import InputError
+from ptc.errors import InputError
 from .world import WorldSize
 
 SECONDS = 1.0

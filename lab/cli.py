@@ -1,0 +1,166 @@
+"""The lab's commands (`ptc zoo`, `ptc paper`, `ptc bench`, `ptc demo`), plugged into the
+product's CLI through its `ptc.commands` entry point, as a third party's would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ptc.compiler.cli import handled  # the product's one-line error handling
+
+COMMANDS: list = []  # (decorated command or group), added to the product's group by register()
+
+
+def _lab_group():
+    def decorate(function):
+        group = click.group()(function)
+        COMMANDS.append(group)
+        return group
+    return decorate
+
+
+def _lab_command():
+    def decorate(function):
+        command = click.command()(function)
+        COMMANDS.append(command)
+        return command
+    return decorate
+
+
+def register(main: click.Group) -> None:
+    """Entry point of `ptc.commands`: add the lab's commands to ptc's group."""
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+# -- the offline zoo ------------------------------------------------------------------------------
+@_lab_group()
+def zoo() -> None:
+    """Build and inspect the offline zoo (models pretrained here on a generated world)."""
+
+
+def _zoo_dir(root: Path | None, profile: str = "full") -> Path:
+    """--root, else the profile's folder under $PTC_ZOO or the repository's zoo/."""
+    from .zoo_scheme import zoo_root
+
+    from .zoo.profiles import PROFILES
+    return root or zoo_root() / PROFILES[profile].folder
+
+
+def _profiles() -> list[str]:
+    from .zoo.profiles import PROFILES
+    return list(PROFILES)
+
+
+@zoo.command("build")
+@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True,
+              help="full: the image zoo; audio: the CLAP zoo; tiny, audio-tiny: test size.")
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository; audio: its audio/ folder).")
+@click.option("--member", "members", multiple=True, help="Build only these members (repeatable).")
+@handled
+def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
+    """Build the zoo, or continue an interrupted build where it stopped."""
+    from .zoo.build import build_zoo, collapsed, profile_named, quality_rows
+
+    root = _zoo_dir(root, profile)
+    index = build_zoo(root, profile_named(profile), echo=click.echo, members=members or None)
+    for row in quality_rows(index):
+        click.echo(row)
+    broken = collapsed(index)
+    if broken:
+        click.echo(f"warning: class prompts collapsed on {', '.join(broken)}: those tasks cannot be edited "
+                   "on those members", err=True)
+    click.echo(f"zoo ({profile}) at {root}: {len(index['members'])} members")
+
+
+@zoo.command("merge")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--member", "members", multiple=True, required=True, help="A member to take from SOURCE (repeatable).")
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="The zoo to merge into (default: $PTC_ZOO, else zoo/ in the repository).")
+@handled
+def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None:
+    """Take members built in another copy of this zoo (model, sources, descriptors, record)."""
+    from .zoo.merge import merge_members
+
+    root = _zoo_dir(root)
+    for name in merge_members(root, source, members):
+        click.echo(f"zoo:{name} <- {source}")
+
+
+@zoo.command("show")
+@click.option("--root", type=click.Path(path_type=Path), default=None)
+@handled
+def zoo_show(root: Path | None) -> None:
+    """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
+    from .zoo.build import built_index, quality_rows
+
+    for row in quality_rows(built_index(_zoo_dir(root))):
+        click.echo(row)
+
+
+@_lab_command()
+@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
+                   "tiny, audio-tiny: OUT/zoo-PROFILE); built or completed if needed.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
+              help="What to score: the held-out test splits (the report), or the train splits, to judge a "
+                   "change to the zoo before its test figures are seen (written as paper-PROFILE-train).")
+@handled
+def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
+    """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
+    from .zoo import paper as harness
+    from .zoo import report
+    from .zoo.build import build_zoo, profile_named, read_index
+
+    scratch = profile_named(profile).scratch
+    root = root or (out / f"zoo-{profile}" if scratch else _zoo_dir(None, profile))
+    profile = read_index(root).get("profile", profile)  # a zoo named by --root is run as it was built
+    # A finished zoo is left as it is, except for the splits it does not commit (written again).
+    build_zoo(root, profile_named(profile), echo=click.echo)
+    results = harness.run(root, echo=click.echo, split=split)
+    written = report.write(results, out, f"paper-{profile}" + ("-train" if split == "train" else ""))
+    for line in report.findings(results):
+        click.echo(line)
+    click.echo(f"written: {', '.join(str(p) for p in written)}")
+
+
+@_lab_command()
+@click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
+@click.option("--size", type=click.Choice(["tiny", "small", "vit-b"]), default=None,
+              help="Model and grid size (default: small with --quick, vit-b otherwise).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results.json"), show_default=True)
+@handled
+def bench(quick: bool, size: str | None, out: Path) -> None:
+    """Measure the build against its floor; print a table and write JSON."""
+    from .benchmarks import suite
+
+    results = suite.run(quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True))
+    suite.write(results, out)
+    rows = suite.summary_rows(results)
+    width = max(len(r[0]) for r in rows)
+    for name, measured, target in rows:
+        click.echo(f"{name:<{width}}  {measured:<48} {target}")
+    click.echo(f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
+               f"cuda {results['machine']['cuda']}; written to {out}")
+
+
+@_lab_command()
+@click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="LoRA steps per source.")
+@handled
+def demo(workdir: Path, steps: int) -> None:
+    """Run the built-in offline default end to end (tiny generated world and models)."""
+    from .demo import run_demo
+
+    report = run_demo(workdir, steps=steps, echo=click.echo)
+    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
+    click.echo(f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
+               f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}")
+    click.echo(f"output: {Path(workdir).resolve() / 'dist' / 'target-edit'}")
+
+

@@ -1,0 +1,114 @@
+"""The product and the lab are two houses: the product imports nothing of the lab, installs and
+builds from a wheel on its own, and the lab plugs in only through the product's entry points."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_recipe
+
+PRODUCT = ("ptc", "compiler", "targets")  # folders of the product (ptc, ptc.compiler, ptc.targets)
+LAB = ("lab", "benchmarks")               # folders of the lab (ptc.lab, ptc.lab.benchmarks)
+
+
+def _python(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, cwd=cwd or REPO)
+
+
+def test_importing_the_product_cli_imports_nothing_of_the_lab():
+    result = _python("-X", "importtime", "-c", "import ptc.compiler.cli")
+    assert result.returncode == 0, result.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert "ptc.compiler.cli" in imported
+    assert [name for name in imported if name.startswith("ptc.lab") or name in ("sklearn", "matplotlib")] == []
+
+
+def _imports(path: Path) -> list[str]:
+    """Absolute module names a file imports (relative imports resolved against its package)."""
+    package = {"ptc": "ptc", "compiler": "ptc.compiler", "targets": "ptc.targets"}[path.relative_to(REPO).parts[0]]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_no_product_module_imports_the_lab_or_the_compiler_from_targets():
+    files = [p for folder in PRODUCT for p in (REPO / folder).rglob("*.py")]
+    assert len(files) > 30
+    lab = {str(p.relative_to(REPO)): [n for n in _imports(p) if n.startswith(("ptc.lab", "benchmarks"))]
+           for p in files}
+    assert {k: v for k, v in lab.items() if v} == {}
+    # targets is below the compiler: it may use ptc's shared errors and hashing, never the compiler
+    upward = {str(p.relative_to(REPO)): [n for n in _imports(p) if n.startswith("ptc.compiler")]
+              for p in (REPO / "targets").rglob("*.py")}
+    assert {k: v for k, v in upward.items() if v} == {}
+
+
+def test_no_function_in_the_product_is_longer_than_60_lines():
+    long = []
+    for path in (p for folder in PRODUCT for p in (REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert long == []
+
+
+def test_without_the_lab_ptc_shows_the_product_only():
+    script = ("import ptc.lab.plugin as plugin; plugin.installed = lambda: False\n"
+              "from ptc.compiler.cli import main; main(['--help'])\n")
+    result = _python("-c", script)
+    assert result.returncode == 0, result.stderr
+    assert "build" in result.stdout and "zoo" not in result.stdout and "paper" not in result.stdout
+    with_lab = _python("-m", "ptc.compiler.cli", "--help")
+    assert "zoo" in with_lab.stdout and "paper" in with_lab.stdout
+
+
+def test_the_registries_refuse_a_duplicate_and_list_what_they_hold():
+    from ptc import targets
+
+    assert {"hf", "open_clip", "zoo"} <= set(targets.schemes())
+    assert {"clip", "siglip", "siglip2", "clap"} <= set(targets.hf_model_types())
+    with pytest.raises(ValueError, match="model scheme 'hf' is already registered"):
+        targets.register_scheme("hf", lambda rest, base: None, lambda rest, base: "")
+    with pytest.raises(ValueError, match="model_type 'clip' is already registered"):
+        targets.register_hf_family(["clip"], lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The product's wheel, built from the repository and installed (without dependencies: this
+    environment has them) into a folder of its own."""
+    root = tmp_path_factory.mktemp("wheel")
+    built = _python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(REPO))
+    assert built.returncode == 0, built.stderr
+    (path,) = (root / "dist").glob("ptc-*.whl")
+    installed = _python("-m", "pip", "install", "--no-deps", "-q", "--target", str(root / "site"), str(path))
+    assert installed.returncode == 0, installed.stderr
+    return root / "site"
+
+
+def test_a_wheel_installs_and_builds_a_recipe_with_local_models(wheel, world, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, export={"out": "out", "formats": ["safetensors"]})
+    env = {"PYTHONPATH": str(wheel)}
+    where = _python("-c", "import ptc.compiler.cli, ptc.targets; print(ptc.compiler.cli.__file__)",
+                    env=env, cwd=tmp_path)
+    assert where.stdout.strip().startswith(str(wheel)), where.stdout  # the wheel's copy, not the checkout
+    result = _python("-m", "ptc.compiler.cli", "build", str(recipe), env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verify"]["equivalence"]["reload_max_abs_diff"] <= 1e-5
+    names = {p.relative_to(wheel).parts[0] for p in wheel.iterdir()}
+    assert "ptc" in names and not names & {"compiler", "targets", "benchmarks", "lab"}  # one namespace
