@@ -83,11 +83,24 @@ def stamp_onnx(path: Path, provenance: dict[str, str]) -> None:
     import onnx
 
     model = onnx.load(str(path))
+    _drop_stack_traces(model)
     existing = {p.key: p for p in model.metadata_props}
     for key, value in provenance.items():
         entry = existing.get(key) or model.metadata_props.add()
         entry.key, entry.value = key, str(value)
     onnx.save(model, str(path))
+
+
+def _drop_stack_traces(model) -> None:
+    """The exporter records each node's Python stack trace, with the absolute paths of the
+    files that traced it: the same model exported from another checkout or virtualenv would
+    differ in bytes. The trace is a debugging aid, not part of the graph."""
+    nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        if len(kept) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
 
 
 def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None:

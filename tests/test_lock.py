@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ptc.compiler.bank import Bank
-from conftest import run_ptc, tree_digest, write_recipe
+from conftest import REPO, run_ptc, tree_digest, write_recipe
 
 # Bookkeeping, not outputs: this run's timings and cache counts, and the ownership record that
 # hashes them.
@@ -34,6 +34,9 @@ def test_two_builds_in_two_processes_give_the_same_bytes_in_every_file(world, tm
         digests.append({k: v for k, v in tree_digest(tmp_path / name / "out").items() if k not in RUN_FILES})
     assert {"model/model.safetensors", "model/tokenizer.json", "onnx/vision_model_fp16.onnx",
             "triton/text_model/config.pbtxt", "report.json", "README.md", "ptc.lock"} <= set(digests[0])
+    for path in (tmp_path / "a" / "out").rglob("*"):  # no output names the checkout that built it
+        if path.is_file() and path.name not in RUN_FILES:
+            assert str(REPO).encode() not in path.read_bytes(), path.name
     different = sorted(k for k in digests[0] if digests[0][k] != digests[1].get(k))
     assert different == [] and digests[0].keys() == digests[1].keys()
     locks = [json.loads((tmp_path / n / "recipe.lock").read_text()) for n in ("a", "b")]
