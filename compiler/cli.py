@@ -15,12 +15,32 @@ import click
 from . import __version__
 from ..errors import PtcError
 
-BANK_OPTION = click.option("--bank", type=click.Path(path_type=Path), default=None,
-                           help="Bank directory (default: the recipe's `bank:`, else $PTC_BANK, "
-                                "else ~/.cache/ptc/bank).")
+def options(*names: str):
+    """The flags of these run options (compiler/options.py defines each once: flag, default,
+    help), passed to the command under their field names."""
+    from .options import option_fields
+
+    defined = option_fields()
+
+    def decorate(command):
+        for name in reversed(names):
+            command = _flag(name, defined[name])(command)
+        return command
+    return decorate
 
 
-BATCH_SIZE = click.IntRange(min=1)
+def _flag(name: str, definition):
+    meta, default = definition.metadata, definition.default
+    if meta["kind"] == "negated":  # --no-export sets export=False
+        return click.option(meta["flag"], name, flag_value=False, default=True, help=meta["help"])
+    if meta["kind"] == "switch":
+        return click.option(meta["flag"], name, is_flag=True, help=meta["help"])
+    kind = {"path": click.Path(path_type=Path), "count": click.IntRange(min=1)}[meta["kind"]]
+    return click.option(meta["flag"], name, type=kind, default=default, show_default=default is not None,
+                        help=meta["help"])
+
+
+JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
 def _fail(message: str, code: int) -> None:
@@ -156,7 +176,7 @@ def task() -> None:
 
 @task.command("add")
 @click.argument("task_file", type=click.Path(path_type=Path))
-@BANK_OPTION
+@options("bank")
 @click.option("--replace", is_flag=True, help="Re-register a task whose grid changed.")
 @handled
 def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
@@ -171,7 +191,7 @@ def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
 
 
 @task.command("list")
-@BANK_OPTION
+@options("bank")
 @handled
 def task_list(bank: Path | None) -> None:
     """List registered tasks and their descriptors."""
@@ -198,8 +218,7 @@ def descriptor() -> None:
 @click.option("--source", required=True, help="Pre-trained source model reference, e.g. hf:/models/clip.")
 @click.option("--finetuned", required=True, help="Fine-tuned model reference or folder, or a peft adapter folder.")
 @click.option("--id", "descriptor_id", default=None, help="Descriptor id (default: the source's folder name).")
-@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
-@BANK_OPTION
+@options("batch_size", "bank")
 @handled
 def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, bank) -> None:
     """Store UTD = S_ft - S_pre of SOURCE's fine-tune on TASK's grid."""
@@ -216,16 +235,14 @@ def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, bank
 # -- recipes --------------------------------------------------------------------------------------
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@BANK_OPTION
-@click.option("--out", type=click.Path(path_type=Path), default=None)
-@click.option("--force", is_flag=True)
+@options("bank", "out")
 @handled
-def check(recipe: Path, bank, out, force) -> None:
+def check(recipe: Path, bank, out) -> None:
     """Validate RECIPE and resolve every term against the bank, loading no weights."""
     from .build import plan
     from .options import Options
 
-    p = plan(recipe, Options(bank=bank, out=out, force=force))
+    p = plan(recipe, Options(bank=bank, out=out, export=False))  # check writes nothing: an existing output is fine
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
     for pt in p.terms:
         weighting = f", {pt.term.weighting} weights" if pt.term.weighting else ""
@@ -238,20 +255,14 @@ def check(recipe: Path, bank, out, force) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@BANK_OPTION
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output directory (overrides export.out).")
-@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
-@click.option("--no-export", is_flag=True, help="Solve, fold and verify in torch; write nothing.")
-@click.option("--locked", is_flag=True,
-              help="Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); never update it.")
+@options("bank", "out", "force", "batch_size", "export", "locked")
 @handled
-def build(recipe: Path, bank, out, force, batch_size, no_export, locked) -> None:
+def build(recipe: Path, bank, out, force, batch_size, export, locked) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from .build import execute, plan
     from .options import Options
 
-    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=not no_export, locked=locked)
+    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=export, locked=locked)
     p = plan(recipe, options)
     report = execute(p, options)
     lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
@@ -271,7 +282,7 @@ def build(recipe: Path, bank, out, force, batch_size, no_export, locked) -> None
     for task, figures in report["evaluation"].items():
         click.echo(f"held-out zero-shot {task:<12} {figures['before']:.3f} -> {figures['after']:.3f} "
                    f"({figures['delta_points']:+.1f} points, {figures['role']})")
-    where = f"built {p.out_dir}" if not no_export else "verified (--no-export: nothing written)"
+    where = f"built {p.out_dir}" if export else "verified (--no-export: nothing written)"
     click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
     change = report.get("recipe_lock")
     if change:
@@ -284,7 +295,7 @@ def build(recipe: Path, bank, out, force, batch_size, no_export, locked) -> None
 
 @main.command("lock")
 @click.argument("recipe", type=click.Path(path_type=Path))
-@BANK_OPTION
+@options("bank")
 @click.option("--lock-file", type=click.Path(path_type=Path), default=None,
               help="Where to write the lock (default: RECIPE with the suffix .lock).")
 @handled
@@ -311,7 +322,7 @@ def lock_command(recipe: Path, bank, lock_file) -> None:
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--lock-file", type=click.Path(path_type=Path), default=None,
               help="Check against this lock (a recipe's committed lock) instead of OUTPUT/ptc.lock.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@JSON_FLAG
 @handled
 def verify_command(output: Path, lock_file, as_json) -> None:
     """Re-hash OUTPUT against its lock and check its report's figures; exit 0 only if all hold."""
@@ -331,7 +342,7 @@ def verify_command(output: Path, lock_file, as_json) -> None:
 @main.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
+@JSON_FLAG
 @handled
 def diff_command(a: Path, b: Path, as_json) -> None:
     """What differs between two locks or two output folders: terms, weights, fingerprints,
@@ -351,8 +362,8 @@ def diff_command(a: Path, b: Path, as_json) -> None:
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Folder of inputs (no labels needed).")
 @click.option("--task", "task_name", default=None, help="Which term task (needed when OUTPUT edits several).")
-@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@options("batch_size")
+@JSON_FLAG
 @handled
 def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
     """Composition certificate of a built OUTPUT: inputs whose prediction provably equals the
@@ -380,8 +391,8 @@ def _fmt(value) -> str:
 @click.argument("model")
 @click.option("--task", "task_name", required=True)
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
-@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON.")
-@BANK_OPTION
+@JSON_FLAG
+@options("bank")
 @handled
 def eval_command(model, task_name, data, as_json, bank) -> None:
     """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
@@ -398,15 +409,13 @@ def eval_command(model, task_name, data, as_json, bank) -> None:
 @click.option("--task", "task_name", required=True)
 @click.option("--model", required=True, help="Model reference to fine-tune.")
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapter folder to write.")
 @click.option("--rank", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=250, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
               show_default=True,
               help="peft's lora_dropout while training (a regulariser; nothing changes at inference).")
-@click.option("--force", is_flag=True, help="Replace an existing adapter folder.")
-@BANK_OPTION
+@options("out", "force", "bank")
 @handled
 def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, bank) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
@@ -414,9 +423,10 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, ban
 
     from ..errors import OutputError
     from .finetune import finetune_lora
-
     from .fsio import check_output_location, check_replaceable
 
+    if out is None:
+        raise OutputError("--out: required: the folder to write the adapter into", "pass --out DIR")
     out = out.expanduser().resolve()
     store = _bank(bank)
     check_output_location(out, {"the bank": store.root})
@@ -440,11 +450,11 @@ def bank_group() -> None:
 
 @bank_group.command("build")
 @click.argument("plan_file", type=click.Path(path_type=Path))
-@BANK_OPTION
+@options("bank")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Run forward passes and solves as Ray tasks (a cluster address, or 'local').")
 @click.option("--replace", is_flag=True, help="Re-register tasks whose grid changed.")
-@click.option("--batch-size", type=BATCH_SIZE, default=64, show_default=True)
+@options("batch_size")
 @handled
 def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
     """Compute every missing embedding, descriptor, factor and operator of PLAN_FILE."""
@@ -460,7 +470,7 @@ def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
 
 
 @bank_group.command("upgrade")
-@BANK_OPTION
+@options("bank")
 @handled
 def bank_upgrade(bank) -> None:
     """Re-seal a bank written by an older ptc (format 2) so every entry is bound to its key."""
@@ -476,7 +486,7 @@ def bank_upgrade(bank) -> None:
 
 
 @bank_group.command("verify")
-@BANK_OPTION
+@options("bank")
 @handled
 def bank_verify(bank) -> None:
     """Re-hash every entry of the bank."""

@@ -1,22 +1,43 @@
-"""How to run (as opposed to what to build, which is the recipe)."""
+"""How to run (as opposed to what to build, which is the recipe).
+
+Each option is defined once, here: its default, and in `metadata` the command-line flag that
+sets it and its help. compiler/cli.py generates every command's flags from these fields, so the
+same option is the same flag, with the same help, wherever a command takes it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .bank import Bank, default_bank_dir
 
 
+def _flag(flag: str, kind: str, help: str) -> dict:
+    """kind: "path", "count" (an integer >= 1), "switch" (on when given), "negated" (off when given)."""
+    return {"flag": flag, "kind": kind, "help": help}
+
+
 @dataclass(frozen=True)
 class Options:
-    bank: Path | None = None     # --bank; wins over the recipe's `bank:`, then PTC_BANK
-    out: Path | None = None      # --out; wins over the recipe's export.out
-    force: bool = False          # replace a non-empty output directory
-    batch_size: int = 64         # probes per forward pass
-    progress: bool = True        # progress bars on stderr (tqdm hides them off a terminal)
-    export: bool = True          # False: solve, fold and verify in torch, write nothing
-    locked: bool = False         # --locked: refuse inputs that differ from RECIPE.lock; never update it
+    bank: Path | None = field(default=None, metadata=_flag(
+        "--bank", "path", "Bank folder (default: a recipe's `bank:`, else $PTC_BANK, else ~/.cache/ptc/bank)."))
+    out: Path | None = field(default=None, metadata=_flag(
+        "--out", "path", "Output folder (for a recipe: overrides its export.out; for finetune: the adapter's)."))
+    force: bool = field(default=False, metadata=_flag(
+        "--force", "switch", "Replace an output folder that ptc wrote (never one holding anything else)."))
+    batch_size: int = field(default=64, metadata=_flag("--batch-size", "count", "Inputs per forward pass."))
+    export: bool = field(default=True, metadata=_flag(
+        "--no-export", "negated", "Solve, fold and verify in torch; write nothing."))
+    locked: bool = field(default=False, metadata=_flag(
+        "--locked", "switch", "Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); "
+                              "never update it."))
+    progress: bool = True  # progress bars on stderr (tqdm hides them off a terminal); no flag
 
     def open_bank(self, recipe_bank: Path | None = None) -> Bank:
         return Bank(self.bank or recipe_bank or default_bank_dir())
+
+
+def option_fields() -> dict:
+    """The Options fields that have a flag, by name."""
+    return {f.name: f for f in fields(Options) if "flag" in f.metadata}

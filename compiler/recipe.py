@@ -16,6 +16,8 @@ from .yamlio import PathText, load_yaml, validate
 
 MAX_ABS_WEIGHT = 100.0
 FORMATS = ("onnx", "safetensors")  # the default; "triton" is also accepted
+# The build routes, named once: compiler/routes.py implements each as the function of that name.
+RouteName = Literal["closed_form", "adapter"]
 
 
 class _Strict(pydantic.BaseModel):
@@ -220,7 +222,7 @@ class Export(_Strict):
 class Recipe(_Strict):
     target: PathText = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
     terms: tuple[Term, ...] = pydantic.Field(min_length=1)
-    route: Literal["closed_form", "adapter"] = "closed_form"
+    route: RouteName = "closed_form"
     solve: Solve = Solve()
     strength: Strength = Strength()
     adapter: Adapter = Adapter()

@@ -14,6 +14,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import torch
 from safetensors.torch import load_file
@@ -28,6 +29,7 @@ from .lora import default_device
 from .operators import ensure_factors, ensure_operator
 from .options import Options
 from .plan import Plan
+from .recipe import RouteName
 from .solve import GridFactors, edited_embeddings, factorize, solve_operator
 from .verify import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
 
@@ -167,4 +169,5 @@ def adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbedding
                 "signed sum of the descriptors below and merged into the weights")
 
 
-ROUTES = {"closed_form": closed_form, "adapter": adapter}
+# Every route the recipe schema names (recipe.RouteName), found here as the function of that name.
+ROUTES = {name: globals()[name] for name in get_args(RouteName)}

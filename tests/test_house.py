@@ -112,3 +112,33 @@ def test_a_wheel_installs_and_builds_a_recipe_with_local_models(wheel, world, tm
     assert report["verify"]["equivalence"]["reload_max_abs_diff"] <= 1e-5
     names = {p.relative_to(wheel).parts[0] for p in wheel.iterdir()}
     assert "ptc" in names and not names & {"compiler", "targets", "benchmarks", "lab"}  # one namespace
+
+
+def _commands(group, prefix="ptc"):
+    import click
+
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}", command
+
+
+def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it():
+    """compiler/options.py defines each run option once (flag, help); no product command
+    spells one of those flags by hand."""
+    from ptc.compiler.cli import main
+    from ptc.compiler.options import option_fields
+
+    defined = {f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()}
+    seen = []
+    for path, command in _commands(main):
+        if not command.callback.__module__.startswith("ptc.compiler"):
+            continue  # the lab's commands keep their own flags
+        for param in command.params:
+            for flag in set(param.opts) & set(defined):
+                assert param.help == defined[flag], (path, flag)
+                seen.append((path, flag))
+    assert {"ptc build", "ptc task add", "ptc descriptor add", "ptc bank verify"} <= {p for p, _ in seen}
+    assert ("ptc build", "--batch-size") in seen and ("ptc finetune", "--force") in seen
