@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..targets.base import Batch, batch_len, batch_rows
+from ..targets.base import Batch, Trainable, batch_len, batch_rows
 
 from .descriptor import affinity
 from .lora import attach_lora, train
@@ -43,7 +43,7 @@ def planned_steps(goals: list[GridGoal], batch_size: int, epochs: int, max_steps
     return min(epochs * per_epoch, max_steps)
 
 
-def fit_adapter(encoder, goals: list[GridGoal], out_dir: Path, *, rank: int, alpha: float | None,
+def fit_adapter(encoder: Trainable, goals: list[GridGoal], out_dir: Path, *, rank: int, alpha: float | None,
                 epochs: int, max_steps: int, lr: float, batch_size: int, seed: int,
                 device: torch.device, progress: bool = True):
     """Train, save the (unmerged) peft adapter to `out_dir`, return (module, stats)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import targets
-from ..targets.base import Batch
+from ..targets.base import Batch, DualEncoder, Exportable, Family
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
@@ -26,6 +26,7 @@ from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, difference
                        output_files, previous_lock, read_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
                        write_recipe_lock)
 from .options import Options
+from .report import BuildReport
 from .plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
 from .routes import ROUTES, Edit, Run, grid_goals
 from .strength import choose_strengths, strength_report
@@ -50,7 +51,7 @@ def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: Edit) -> dic
             for name, emb in grids.items()}
 
 
-def _export_native(plan_: Plan, edited, check_batch, check_paths, staging: Path, provenance: dict,
+def _export_native(plan_: Plan, edited: Family, check_batch, check_paths, staging: Path, provenance: dict,
                    run: Run) -> dict:
     with run.stage("export_native"):
         scheme = edited.save_native(staging / "model")
@@ -65,7 +66,7 @@ def _export_native(plan_: Plan, edited, check_batch, check_paths, staging: Path,
             "native_ref": f"{scheme}:model"}
 
 
-def _export_onnx_towers(plan_: Plan, edited, check_batch, staging: Path, provenance: dict, run: Run) -> dict:
+def _export_onnx_towers(plan_: Plan, edited: Exportable, check_batch, staging: Path, provenance: dict, run: Run) -> dict:
     export, verify = plan_.recipe.export, plan_.recipe.verify
     diffs, cosines, triton_models, files, provider = [], [], [], [], None
     for index, tower in enumerate(edited.onnx_towers()):
@@ -103,7 +104,7 @@ def _export_onnx_towers(plan_: Plan, edited, check_batch, staging: Path, provena
     return figures
 
 
-def _export_and_verify(plan_: Plan, edited, check_batch: Batch, check_paths: list[Path],
+def _export_and_verify(plan_: Plan, edited: Family, check_batch: Batch, check_paths: list[Path],
                        staging: Path, provenance: dict, run: Run) -> dict:
     figures = dict(NOT_EXPORTED)
     if "safetensors" in plan_.recipe.export.formats:
@@ -113,7 +114,7 @@ def _export_and_verify(plan_: Plan, edited, check_batch: Batch, check_paths: lis
     return figures
 
 
-def _evaluate(plan_: Plan, target, edited, options: Options) -> dict[str, dict]:
+def _evaluate(plan_: Plan, target: DualEncoder, edited: DualEncoder, options: Options) -> dict[str, dict]:
     """Held-out zero-shot accuracy of the target and of the edited model (the one exported)."""
     term_tasks = {pt.task.name for pt in plan_.terms}
     figures = {}
@@ -136,7 +137,7 @@ def _term_records(plan_: Plan, edit: Edit, residuals: dict[str, float]) -> list[
             for pt, sha in zip(plan_.terms, edit.term_hashes)]
 
 
-def _choose_strengths(plan_: Plan, target, grids: dict[str, GridEmbeddings], options: Options,
+def _choose_strengths(plan_: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings], options: Options,
                       run: Run) -> tuple[Plan, dict | None]:
     """`strength: auto`: the label-free strengths of compiler/strength.py; else the recipe's."""
     config = plan_.recipe.strength
@@ -154,7 +155,7 @@ def _choose_strengths(plan_: Plan, target, grids: dict[str, GridEmbeddings], opt
     return with_weights(plan_, result["weights"]), strength_report(plan_.terms, result, config, list(controls))
 
 
-def _certify(plan_: Plan, target, grids: dict[str, GridEmbeddings], edit: Edit, options: Options) -> dict[str, dict]:
+def _certify(plan_: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings], edit: Edit, options: Options) -> dict[str, dict]:
     """verify.certify: the composition certificate per task, failing on a certified change."""
     figures = {}
     if not plan_.certifications:
@@ -169,7 +170,7 @@ def _certify(plan_: Plan, target, grids: dict[str, GridEmbeddings], edit: Edit, 
     return figures
 
 
-def _terms_file_record(plan_: Plan, target, terms: list[dict]) -> dict:
+def _terms_file_record(plan_: Plan, target: DualEncoder, terms: list[dict]) -> dict:
     tasks = {pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
              for pt in plan_.terms}
     # The recipe's folder relative to the output (refs may be relative to it): a path that is the
@@ -179,7 +180,7 @@ def _terms_file_record(plan_: Plan, target, terms: list[dict]) -> dict:
     return {"terms": terms, "tasks": tasks, "target": where}
 
 
-def _embed_grids(plan_: Plan, target, options: Options, run: Run) -> dict[str, GridEmbeddings]:
+def _embed_grids(plan_: Plan, target: DualEncoder, options: Options, run: Run) -> dict[str, GridEmbeddings]:
     grids: dict[str, GridEmbeddings] = {}
     for pt in plan_.terms:
         if pt.task.name not in grids:
@@ -203,7 +204,7 @@ def _load_target(plan_: Plan, options: Options, run: Run):
     return target, target_key, inputs
 
 
-def execute(plan_: Plan, options: Options = Options()) -> dict:
+def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
     if plan_.out_dir is None and options.export:
         raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
                           "set export.out in the recipe or pass --out")
@@ -228,14 +229,17 @@ def execute(plan_: Plan, options: Options = Options()) -> dict:
                "operators": [{k: t[k] for k in ("task", "source", "weight", "operator_sha256")} for t in terms]}
     context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check_paths)
     if not options.export:  # verified up to the exports; nothing is written
-        return {**_report(*context, NOT_EXPORTED), **_run_record(run)}
+        report = _report(*context, NOT_EXPORTED)
+        report.run = _run_record(run)
+        return report
     report = _write_output(plan_, options, context, derived, check_batch, run)
-    lock_change = None if options.locked else _update_recipe_lock(plan_, plan_.out_dir / LOCK_NAME)
-    return {**report, **_run_record(run), "recipe_lock": lock_change}
+    report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, plan_.out_dir / LOCK_NAME)
+    report.out_dir = plan_.out_dir
+    return report
 
 
 def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, check_batch: Batch,
-                  run: Run) -> dict:
+                  run: Run) -> BuildReport:
     """Export, verify and write every file into a staging folder, renamed into place when all
     passed. The lock is written last, over every other file's bytes."""
     _, target, edit, _, terms, _, _, _, inputs, check_paths = context
@@ -250,12 +254,13 @@ def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, 
             if edit.term_edits is not None:
                 record = _terms_file_record(plan_, target, terms)
                 write_terms(staging / TERMS_FILE, edit.term_edits, record["terms"], record["tasks"], record["target"])
-            write_json_atomic(staging / "report.json", report)
+            write_json_atomic(staging / "report.json", report.to_json())
             write_bytes_atomic(staging / "README.md",
-                               model_card(target, recipe.target, edit.card, terms, report).encode("utf-8"))
+                               model_card(target, recipe.target, edit.card, terms, report.to_json()).encode("utf-8"))
             outputs = {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}
             write_json_atomic(staging / LOCK_NAME, lock_document(inputs, derived, outputs))
-            write_json_atomic(staging / RUN_RECORD, _run_record(run))
+            report.run = _run_record(run)
+            write_json_atomic(staging / RUN_RECORD, report.run)
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None
@@ -290,9 +295,9 @@ def _run_record(run: Run) -> dict:
     return {"cache": dict(run.counts), "timings": dict(run.timings), "peak_rss_mb": _peak_rss_mb()}
 
 
-def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,
-            check_paths, exported: dict) -> dict:
-    """report.json: what was built and how it verified; the same bytes for the same inputs."""
+def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,
+            check_paths, exported: dict) -> BuildReport:
+    """What was built and how it verified: report.json's content, the same for the same inputs."""
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
@@ -300,11 +305,11 @@ def _report(plan_: Plan, target, edit: Edit, residuals, terms, evaluation, stren
                                  if k not in ("native_ref", "triton_models", "onnx_files")},
                               "check_inputs": len(check_paths)},
               "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
-    return {"ptc_version": __version__, "recipe": plan_.recipe_path.name, "route": recipe.route,
-            "target": inputs["target"], "native_ref": exported["native_ref"], "embed_dim": target.embed_dim,
-            "terms": terms, **{k: v for k, v in edit.report.items() if k != "linearity"},
-            "verify": verify, "strength": strength or {"mode": "fixed"}, "certificate": certified,
-            "evaluation": evaluation, "lock_hash": sha256_of(inputs),
-            "formats": list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
-            "precision": list(recipe.export.precision), "triton_models": exported["triton_models"],
-            "onnx_files": exported["onnx_files"]}
+    return BuildReport(
+        ptc_version=__version__, recipe=plan_.recipe_path.name, route=recipe.route, target=inputs["target"],
+        native_ref=exported["native_ref"], embed_dim=target.embed_dim, terms=terms,
+        route_report={k: v for k, v in edit.report.items() if k != "linearity"}, verify=verify,
+        strength=strength or {"mode": "fixed"}, certificate=certified, evaluation=evaluation,
+        lock_hash=sha256_of(inputs), formats=list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
+        precision=list(recipe.export.precision), triton_models=exported["triton_models"],
+        onnx_files=exported["onnx_files"])

@@ -264,33 +264,8 @@ def build(recipe: Path, bank, out, force, batch_size, export, locked) -> None:
 
     options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=export, locked=locked)
     p = plan(recipe, options)
-    report = execute(p, options)
-    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
-    if lin is not None:
-        click.echo(f"linearity fp64 {lin['max_rel_diff_fp64']:.2e}, fp32 {lin['max_rel_diff_fp32']:.2e}")
-    click.echo(f"equivalence torch {eq['torch_max_abs_diff']:.2e}, onnx {_fmt(eq['onnx_max_abs_diff'])}, "
-               f"reload {_fmt(eq['reload_max_abs_diff'])}")
-    residuals = ", ".join(f"{k} {v:.3f}" for k, v in report["verify"]["descriptor_residual"].items())
-    click.echo(f"descriptor residual ({report['route']}): {residuals}")
-    if report["strength"]["mode"] == "auto":
-        chosen = ", ".join(f"{w['task']}/{w['source']} {w['chosen']:+.3f}" for w in report["strength"]["weights"])
-        controls = ", ".join(report["strength"]["control_tasks"]) or "none"
-        click.echo(f"strength auto: {chosen} (held-out descriptor fit, control grids: {controls})")
-    for task, figures in report["certificate"].items():
-        click.echo(f"certificate {task:<12} {figures['certified_fraction']:.1%} of {figures['inputs']} inputs certified, "
-                   f"{figures['certified_changed']} certified changed ({figures['changed']} changed in all)")
-    for task, figures in report["evaluation"].items():
-        click.echo(f"held-out zero-shot {task:<12} {figures['before']:.3f} -> {figures['after']:.3f} "
-                   f"({figures['delta_points']:+.1f} points, {figures['role']})")
-    where = f"built {p.out_dir}" if export else "verified (--no-export: nothing written)"
-    click.echo(f"{where} in {sum(report['timings'].values()):.1f}s (lock {report['lock_hash'][:12]})")
-    change = report.get("recipe_lock")
-    if change:
-        said = {"unchanged": "unchanged", "written": "written",
-                "updated": f"updated, {len(change['changes'])} change(s)"}[change["state"]]
-        click.echo(f"lock {change['path']}: {said}")
-        for line in change["changes"]:
-            click.echo(f"  {line}")
+    for line in execute(p, options).summary_lines():
+        click.echo(line)
 
 
 @main.command("lock")
@@ -380,10 +355,6 @@ def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
     click.echo(f"{figures['task']}: {figures['certified']}/{figures['inputs']} certified "
                f"({figures['certified_fraction']:.1%}); certified changed {figures['certified_changed']}, "
                f"changed in all {figures['changed']}")
-
-
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.2e}"
 
 
 # -- evaluation, fine-tuning, bank ----------------------------------------------------------------

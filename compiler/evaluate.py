@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..targets.base import DualEncoder
 from .. import targets
 
 from .bank import TaskRecord
@@ -31,7 +32,7 @@ def resolve_model(model: str) -> tuple[str, Path]:
     return model, Path(".")
 
 
-def zero_shot_accuracy(encoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
+def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
                        progress: bool = True) -> dict:
     pairs = labelled_files(data_dir, task.classes)
     class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))

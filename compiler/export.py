@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..targets.base import OnnxTower
+from ..targets.base import Exportable, OnnxTower
 
 from . import __version__
 from ..errors import OutputError
@@ -199,7 +199,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_card(encoder, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:
+def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:
     """The output's README.md, with Hugging Face model-card front matter."""
     verify, lock_hash = report["verify"], report["lock_hash"]
     rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |" for t in terms)

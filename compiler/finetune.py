@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from ..targets.base import batch_rows, batch_to
+from ..targets.base import Family, batch_rows, batch_to
 
 from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
@@ -20,7 +20,7 @@ from .lora import attach_lora, default_device, device_name, train
 LOGIT_SCALE = 30.0
 
 
-def finetune_lora(encoder, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
+def finetune_lora(encoder: Family, task: TaskRecord, data_dir: Path, out_dir: Path, *, rank: int = 4,
                   alpha: float = 8, steps: int = 250, lr: float = 2e-3, batch_size: int = 64,
                   seed: int = 0, dropout: float = 0.0, progress: bool = True, replace: bool = False,
                   device: torch.device | None = None, echo: Callable[[str], None] | None = None,

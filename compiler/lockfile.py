@@ -22,10 +22,14 @@ import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from ..errors import InputError, OutputError, PtcError
 from .fsio import OUTPUT_MARKER, STAGING_MARKER, write_json_atomic
+
+if TYPE_CHECKING:  # `ptc verify` and `ptc diff` load no model and need no torch
+    from ..targets.base import DualEncoder
 
 LOCK_FORMAT = 2
 LOCK_NAME = "ptc.lock"
@@ -71,7 +75,7 @@ def term_inputs(planned_term) -> dict:
             "descriptors": sources}
 
 
-def lock_inputs(plan, target) -> dict:
+def lock_inputs(plan, target: DualEncoder) -> dict:
     """Everything that decides a build's bytes, read without building (the target is loaded to
     fingerprint its weights; nothing is embedded or solved)."""
     recipe = plan.recipe

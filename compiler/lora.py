@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from ..targets.base import Trainable
 from ..errors import InputError
 
 
@@ -22,7 +23,7 @@ def device_name(device: torch.device) -> str:
     return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
 
 
-def check_lora_dropout(encoder, dropout: float) -> None:
+def check_lora_dropout(encoder: Trainable, dropout: float) -> None:
     """Refuse a LoRA dropout rate the encoder's adapter cannot take, before any training."""
     if not 0 <= dropout < 1:
         raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
@@ -32,7 +33,7 @@ def check_lora_dropout(encoder, dropout: float) -> None:
                          f"({encoder.lora_targets['target_parameters'][0]}, ...)", "use --lora-dropout 0 for it")
 
 
-def attach_lora(encoder, rank: int, alpha: float | None, seed: int, device: torch.device,
+def attach_lora(encoder: Trainable, rank: int, alpha: float | None, seed: int, device: torch.device,
                 dropout: float = 0.0):
     """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
     `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..targets.base import DualEncoder
 from .bank import Bank, Entry, TaskRecord
 from .embed import GridEmbeddings
 from ..errors import BankError
@@ -41,7 +42,7 @@ def check_operator(entry: Entry, embed_dim: int, edit_width: int) -> Entry:
     return entry
 
 
-def ensure_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: GridEmbeddings,
+def ensure_factors(bank: Bank, target_key: str, target: DualEncoder, task: TaskRecord, emb: GridEmbeddings,
                    counts: Counter) -> GridFactors:
     entry, computed = bank.get_or_compute(bank.factors_rel(target_key, task.grid_hash),
                                           lambda: factors_record(target.ref, task, timed_factorize(emb)))
@@ -49,7 +50,7 @@ def ensure_factors(bank: Bank, target_key: str, target, task: TaskRecord, emb: G
     return GridFactors.from_tensors(entry.tensors)
 
 
-def ensure_operator(bank: Bank, target_key: str, target, task: TaskRecord, descriptor: Entry,
+def ensure_operator(bank: Bank, target_key: str, target: DualEncoder, task: TaskRecord, descriptor: Entry,
                     factors: GridFactors, ridge: float, counts: Counter) -> Entry:
     relpath = bank.operator_rel(target_key, task.grid_hash, descriptor.sha256, ridge)
     entry, computed = bank.get_or_compute(

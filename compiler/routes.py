@@ -19,7 +19,7 @@ from typing import get_args
 import torch
 from safetensors.torch import load_file
 
-from ..targets.base import Batch, batch_to
+from ..targets.base import Batch, DualEncoder, Family, batch_to
 
 from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
@@ -105,7 +105,7 @@ def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings],
         "operator_norm": float(operator.norm())}
 
 
-def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[str, GridEmbeddings],
                 check_batch: Batch, run: Run, options: Options) -> Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
     with run.stage("factorize"):
@@ -136,7 +136,7 @@ def closed_form(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbed
                 term_edits)
 
 
-def adapter(plan_: Plan, target, target_key: str, grids: dict[str, GridEmbeddings],
+def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridEmbeddings],
              check_batch: Batch, run: Run, options: Options) -> Edit:
     cfg, device = plan_.recipe.adapter, default_device()
     goals = grid_goals(plan_, grids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..targets.base import DualEncoder
 from .. import targets
 
 from .bank import Bank, Entry, TaskRecord
@@ -13,7 +14,7 @@ from ..errors import ModelError
 from .grid import check_name
 
 
-def load_finetuned(source, finetuned: str, base_dir: Path):
+def load_finetuned(source: DualEncoder, finetuned: str, base_dir: Path) -> DualEncoder:
     """A peft adapter folder (merged into a copy of `source`), a scheme reference, or a bare
     full-checkpoint folder (read with the source's scheme)."""
     path = (base_dir / finetuned).expanduser()

@@ -158,7 +158,7 @@ def demo(workdir: Path, steps: int) -> None:
     from .demo import run_demo
 
     report = run_demo(workdir, steps=steps, echo=click.echo)
-    lin, eq = report["verify"]["linearity"], report["verify"]["equivalence"]
+    lin, eq = report.verify["linearity"], report.verify["equivalence"]
     click.echo(f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
                f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}")
     click.echo(f"output: {Path(workdir).resolve() / 'dist' / 'target-edit'}")

@@ -13,14 +13,14 @@ from typing import Callable
 
 from ..errors import ModelNotFound
 
-from .base import DualEncoder, OnnxTower  # noqa: F401  (the protocol the compiler sees)
+from .base import DualEncoder, Exportable, Family, OnnxTower, Trainable  # noqa: F401  (what the compiler sees)
 
-SchemeLoader = Callable[[str, Path], DualEncoder]
+SchemeLoader = Callable[[str, Path], Family]
 SchemeChecker = Callable[[str, Path], str]
 PLUGIN_GROUP = "ptc.targets"  # entry points: a callable that registers schemes (the lab's zoo:)
 
 SCHEMES: dict[str, tuple[SchemeLoader, SchemeChecker]] = {}
-HF_MODEL_TYPES: dict[str, Callable[..., DualEncoder]] = {}
+HF_MODEL_TYPES: dict[str, Callable[..., Family]] = {}
 _plugins_loaded = False
 
 
@@ -31,7 +31,7 @@ def register_scheme(name: str, loader: SchemeLoader, checker: SchemeChecker) -> 
     SCHEMES[name] = (loader, checker)
 
 
-def register_hf_family(model_types: list[str], loader: Callable[..., DualEncoder]) -> None:
+def register_hf_family(model_types: list[str], loader: Callable[..., Family]) -> None:
     """Add a transformers family by its config's model_type; a type already taken is refused."""
     taken = [t for t in model_types if t in HF_MODEL_TYPES]
     if taken:
@@ -91,7 +91,7 @@ def check(ref: str, base_dir: Path = Path(".")) -> str:
     return SCHEMES[scheme][1](rest, Path(base_dir))
 
 
-def load(ref: str, base_dir: Path = Path(".")) -> DualEncoder:
+def load(ref: str, base_dir: Path = Path(".")) -> Family:
     """Load a model from a local path or cache; relative paths are relative to `base_dir`."""
     scheme, rest = split_ref(ref)
     return SCHEMES[scheme][0](rest, Path(base_dir))

@@ -1,7 +1,10 @@
-"""The one protocol every model family implements, and the pieces it hands the compiler.
+"""The protocols every model family implements, and the pieces it hands the compiler.
 
 A family wraps a dual encoder (image or audio tower + text tower). The compiler only ever
-calls these methods; it never asks which family it holds.
+calls these methods; it never asks which family it holds. The core (DualEncoder: embed,
+fingerprint, edit) is apart from writing a model out (Exportable) and from training it
+(Trainable: sources, the adapter route, the lab's pretraining), so each part of the compiler
+is typed against only what it uses.
 """
 
 from __future__ import annotations
@@ -46,15 +49,14 @@ class OnnxTower:
 
 @runtime_checkable
 class DualEncoder(Protocol):
+    """The core: what the compiler needs to embed, fingerprint and edit a model."""
+
     ref: str          # the reference it was loaded from
     embed_dim: int    # width of the embedding the edit acts on
-    library: str      # the library whose format save_native writes, e.g. "transformers"
-    pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
     # The closed-form edit is a matrix E (embed_dim x edit_width) acting through regressor rows
     # R(x): the edited model embeds z + R E^T exactly. A fold of (I + A) into the last affine
     # has R = z and E = A; a residual head (SigLIP) has R = [u; 1] and E = [dW2 db2].
     edit_width: int
-    edit_site: str  # where the edit lives, for the model card, e.g. "`visual_projection`"
 
     def load_inputs(self, paths: list[Path]) -> Batch:
         """Read probe files and preprocess them into one model input batch."""
@@ -81,6 +83,15 @@ class DualEncoder(Protocol):
     def with_edit(self, edit: torch.Tensor) -> "DualEncoder":
         """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
 
+
+@runtime_checkable
+class Exportable(Protocol):
+    """Writing a model out: its towers as ONNX, its checkpoint natively, its model card's facts."""
+
+    library: str       # the library whose format save_native writes, e.g. "transformers"
+    pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
+    edit_site: str     # where the edit lives, for the model card, e.g. "`visual_projection`"
+
     def onnx_towers(self) -> list[OnnxTower]:
         """The towers to export: the input tower first, its inputs named as a batch's keys
         (e.g. pixel_values -> image_embeds)."""
@@ -92,10 +103,14 @@ class DualEncoder(Protocol):
     def load_snippet(self, folder: str) -> str:
         """Three lines of Python that load a checkpoint saved by save_native from `folder`."""
 
-    # Training (sources, the adapter route, the zoo's pretraining): peft or the trainer works
-    # on a copy of the torch module; the family says which of its input tower's parameters a
-    # LoRA adapts (the attention q and v projections where it has them) and how to run a copy.
-    lora_targets: dict  # peft LoraConfig targeting keywords: target_modules and/or target_parameters
+
+@runtime_checkable
+class Trainable(Protocol):
+    """Training (sources, the adapter route, the lab's pretraining): peft or a trainer works on a
+    copy of the torch module; the family says which of its input tower's parameters a LoRA
+    adapts (the attention q and v projections where it has them) and how to run a copy."""
+
+    lora_targets: dict     # peft LoraConfig targeting keywords: target_modules and/or target_parameters
     contrastive_loss: str  # how the family was pre-trained: "softmax" (CLIP) or "sigmoid" (SigLIP)
 
     def trainable(self) -> torch.nn.Module:
@@ -107,8 +122,12 @@ class DualEncoder(Protocol):
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         """Unnormalised text embeddings through `module` (a trained copy), autograd on."""
 
-    def with_module(self, module: torch.nn.Module) -> "DualEncoder":
+    def with_module(self, module: torch.nn.Module) -> "Trainable":
         """This encoder with its torch module replaced by `module` (a trained copy)."""
+
+
+class Family(DualEncoder, Exportable, Trainable, Protocol):
+    """What a family module's class implements: all three (test_families holds each to it)."""
 
 
 def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:

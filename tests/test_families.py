@@ -50,7 +50,7 @@ def test_the_contract_table_covers_every_registered_family():
 def test_family_contract(family, tmp_path, request):
     build, scheme, modality = (*FAMILIES[family], "image")[:3]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
-    assert isinstance(encoder, targets.DualEncoder)
+    assert all(isinstance(encoder, protocol) for protocol in (targets.DualEncoder, targets.Exportable, targets.Trainable))
     world = request.getfixturevalue("audio_world" if modality == "audio" else "world")
     probes = list(Bank(world.bank).task("pitch" if modality == "audio" else "colour").probes)[:5]
     batch = encoder.load_inputs(probes)
