@@ -97,7 +97,7 @@ def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_p
 
     from ptc.lab.zoo.world import write_task
 
-    committed = Path(__file__).resolve().parent.parent / "zoo"
+    committed = Path(__file__).resolve().parents[2] / "zoo"
     index = json.loads((committed / "zoo.json").read_text())
     size = WorldSize(**{k: v for k, v in index["world"].items() if k in WorldSize.__dataclass_fields__})
     for task in ("shape", "count-plain"):
