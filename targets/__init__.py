@@ -97,15 +97,14 @@ def load(ref: str, base_dir: Path = Path(".")) -> Family:
     return SCHEMES[scheme][0](rest, Path(base_dir))
 
 
-# The families this package holds, each registering itself on import (one table: FAMILIES).
-FAMILIES = ("hf", "hf_clip", "hf_siglip", "hf_clap", "openclip")
-
-
 def _register_builtin() -> None:
+    """Import every module of this package: each family module registers itself (a new family
+    is a new file here, nothing else to edit)."""
     from importlib import import_module
+    from pkgutil import iter_modules
 
-    for family in FAMILIES:
-        import_module(f"{__name__}.{family}")
+    for module in iter_modules(__path__):
+        import_module(f"{__name__}.{module.name}")
 
 
 _register_builtin()
