@@ -27,8 +27,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import safetensors.torch
-import torch
+from typing import TYPE_CHECKING
 
 from . import __version__
 from ..errors import BankError, TaskError
@@ -36,6 +35,9 @@ from .fsio import file_lock, remove_stale_temporaries, write_bytes_atomic, write
 from .grid import TaskSpec, check_name
 from ..hashing import tensors_sha256
 from ..timers import timed
+
+if TYPE_CHECKING:  # torch loads with the first tensor entry, not for `ptc task list`
+    import torch
 
 BANK_FORMAT = 3  # 2: every record sealed with record_sha256; 3: and bound to its key
 UPGRADABLE_FORMATS = (2,)
@@ -143,6 +145,8 @@ class Bank:
             write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch)
 
     def write_entry(self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+        import safetensors.torch
+
         self._ensure()
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         sha = tensors_sha256(tensors)
@@ -166,6 +170,9 @@ class Bank:
 
     def _read_sealed(self, relpath: str) -> Entry | None:
         """The entry at `relpath` with its seal and content hash checked (not yet its key)."""
+        import safetensors.torch
+        import torch
+
         path = self.root / relpath
         try:
             with timed("bank_read"):

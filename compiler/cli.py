@@ -153,7 +153,7 @@ class PtcGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=PtcGroup)
+@click.group(cls=PtcGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ptc")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 def main(debug: bool) -> None:
@@ -192,14 +192,25 @@ def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
 
 @task.command("list")
 @options("bank")
+@JSON_FLAG
 @handled
-def task_list(bank: Path | None) -> None:
+def task_list(bank: Path | None, as_json: bool) -> None:
     """List registered tasks and their descriptors."""
     store = _bank(bank)
+    rows = []
     for name in store.task_names():
         record = store.task(name)
-        ids = ", ".join(store.descriptor_ids(name)) or "-"
-        click.echo(f"{name}\t{len(record.probes)}x{len(record.classes)}\tgrid {record.grid_hash[:12]}\tdescriptors: {ids}")
+        rows.append({"task": name, "probes": len(record.probes), "classes": len(record.classes),
+                     "grid": record.grid_hash, "descriptors": store.descriptor_ids(name)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = [("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")] + [
+        (r["task"], f"{r['probes']} x {r['classes']}", r["grid"][:12], ", ".join(r["descriptors"]) or "-")
+        for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
 
 
 # -- descriptors ----------------------------------------------------------------------------------
@@ -244,6 +255,7 @@ def check(recipe: Path, bank, out) -> None:
 
     p = plan(recipe, Options(bank=bank, out=out, export=False))  # check writes nothing: an existing output is fine
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
+    click.echo(f"route {p.recipe.route}")
     for pt in p.terms:
         weighting = f", {pt.term.weighting} weights" if pt.term.weighting else ""
         kind = "" if len(pt.term.sources) == 1 else f", {pt.term.combine} of {len(pt.term.sources)}{weighting}"

@@ -124,6 +124,14 @@ def _output_dir(recipe: Recipe, recipe_path: Path, options: Options, bank: Bank)
     return out
 
 
+def _where(recipe_path: Path, field: tuple) -> str:
+    """`FILE:LINE` of a field of a recipe that parsed (read again: only errors need it)."""
+    from .yamlio import load_yaml
+
+    line = load_yaml(recipe_path, RecipeError)[1](field)
+    return f"{recipe_path}:{line}" if line else str(recipe_path)
+
+
 def plan(recipe_path: Path, options: Options = Options()) -> Plan:
     recipe_path = Path(recipe_path).resolve()
     recipe = load_recipe(recipe_path)
@@ -139,7 +147,8 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
         try:
             planned.append(_plan_term(bank, term, checked))
         except PtcError as exc:
-            raise type(exc)(f"{recipe_path}: terms[{index}]: {exc.message}", exc.hint) from None
+            raise type(exc)(f"{_where(recipe_path, ('terms', index))}: terms[{index}]: {exc.message}",
+                            exc.hint) from None
     term_tasks = {pt.task.name for pt in planned}
     if recipe.verify.certify and recipe.route != "closed_form":
         raise RecipeError(f"{recipe_path}: verify.certify: the certificate needs the closed form's per-term "

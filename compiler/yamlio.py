@@ -151,9 +151,15 @@ def validate(model: type[pydantic.BaseModel], data: Any, path: Path, locate, err
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
         # An unknown key usually also makes a required one "missing": report the key first.
-        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+        errors = exc.errors()
+        err = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")[0]
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         line = locate(loc)
         where = f"{path}:{line}" if line else str(path)
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        locs = [tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))) for e in errors]
+        # the other fields, without one that only contains a field already named (pydantic adds
+        # a container's own error on top of its member's)
+        others = [format_path(o) for o in dict.fromkeys(locs)
+                  if o != loc and not any(len(x) > len(o) and x[:len(o)] == o for x in locs)][:5]
+        more = f" (and {len(others)} more: {', '.join(others)})" if others else ""
         raise error(f"{where}: {format_path(loc)}: {_describe_error(err, model)}{more}") from None

@@ -4,14 +4,18 @@ families (weight fingerprints) share."""
 from __future__ import annotations
 
 import hashlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from .timers import timed
+
+if TYPE_CHECKING:
+    import torch
 
 
 def tensors_sha256(named: dict[str, torch.Tensor], prefix: str = "") -> str:
     """sha256 of `prefix` and each tensor's name, dtype, shape and raw bytes, sorted by name."""
+    import torch  # here, not at import: commands that only read task records need no torch
+
     with timed("hash_tensors"):
         digest = hashlib.sha256(prefix.encode())
         for name in sorted(named):

@@ -142,3 +142,11 @@ def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it
                 seen.append((path, flag))
     assert {"ptc build", "ptc task add", "ptc descriptor add", "ptc bank verify"} <= {p for p, _ in seen}
     assert ("ptc build", "--batch-size") in seen and ("ptc finetune", "--force") in seen
+
+
+def test_listing_a_banks_tasks_imports_no_torch(world):
+    """`ptc task list` reads JSON records only: it once took 2 s and 660 MB importing torch."""
+    result = _python("-X", "importtime", "-m", "ptc.compiler.cli", "task", "list", "--bank", str(world.bank))
+    assert result.returncode == 0 and "colour" in result.stdout, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "torch" not in imported and "ptc.compiler.bank" in imported
