@@ -19,11 +19,11 @@ from .certify import TERMS_FILE, certificate, input_files, task_edits, write_ter
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
 from ..errors import OutputError
 from .evaluate import zero_shot_accuracy
-from .export import (export_onnx, fp16_variant, file_sha256, min_row_cosine, model_card, run_onnx,
+from .export import (export_onnx, fp16_variant, min_row_cosine, model_card, run_onnx,
                      stamp_onnx, stamp_safetensors, write_triton_model)
-from .fsio import staged_directory, write_bytes_atomic, write_json_atomic
+from .fsio import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
 from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, differences, lock_document, lock_inputs,
-                       output_files, previous_lock, read_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
+                       output_files, previous_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
                        write_recipe_lock)
 from .options import Options
 from .report import BuildReport
@@ -232,16 +232,16 @@ def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
         report = _report(*context, NOT_EXPORTED)
         report.run = _run_record(run)
         return report
-    report = _write_output(plan_, options, context, derived, check_batch, run)
-    report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, plan_.out_dir / LOCK_NAME)
+    report, lock = _write_output(plan_, options, context, derived, check_batch, run)
+    report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, lock)
     report.out_dir = plan_.out_dir
     return report
 
 
 def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, check_batch: Batch,
-                  run: Run) -> BuildReport:
+                  run: Run) -> tuple[BuildReport, dict]:
     """Export, verify and write every file into a staging folder, renamed into place when all
-    passed. The lock is written last, over every other file's bytes."""
+    passed. The lock is written last, over every other file's bytes; returns (report, lock)."""
     _, target, edit, _, terms, _, _, _, inputs, check_paths = context
     recipe, lock_hash = plan_.recipe, sha256_of(inputs)
     try:
@@ -258,19 +258,19 @@ def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, 
             write_bytes_atomic(staging / "README.md",
                                model_card(target, recipe.target, edit.card, terms, report.to_json()).encode("utf-8"))
             outputs = {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}
-            write_json_atomic(staging / LOCK_NAME, lock_document(inputs, derived, outputs))
+            lock = lock_document(inputs, derived, outputs)
+            write_json_atomic(staging / LOCK_NAME, lock)
             report.run = _run_record(run)
             write_json_atomic(staging / RUN_RECORD, report.run)
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
                           "pass --force to replace it") from None
-    return report
+    return report, lock
 
 
-def _update_recipe_lock(plan_: Plan, built_lock: Path) -> dict:
+def _update_recipe_lock(plan_: Plan, document: dict) -> dict:
     """The recipe's lock follows its last build: written, or updated with what changed said."""
     path = recipe_lock_path(plan_.recipe_path)
-    document = read_lock(built_lock)
     before = previous_lock(path)
     if before is not None and before == document:
         return {"path": str(path), "state": "unchanged", "changes": []}

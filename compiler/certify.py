@@ -27,8 +27,7 @@ from .. import targets
 from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files_for_edit
 from ..errors import OutputError, PtcError, RecipeError
-from .export import file_sha256
-from .fsio import read_json_file, write_bytes_atomic
+from .fsio import file_sha256, read_json_file, write_bytes_atomic
 from .grid import PROBE_SUFFIXES, TaskSpec, probe_files
 from .solve import edited_embeddings
 

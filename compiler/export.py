@@ -5,7 +5,6 @@ check passed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
@@ -189,14 +188,6 @@ def write_triton_model(repository: Path, name: str, onnx_path: Path, max_batch_s
               "dynamic_batching { }\n")
     (folder / "config.pbtxt").write_text(config)
     return folder
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:

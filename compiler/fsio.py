@@ -131,18 +131,25 @@ def remove_stale_temporaries(scratch: Path) -> list[Path]:
 
 
 # -- ownership of output folders -----------------------------------------------------------------
-# Every folder staged_directory writes ends with OUTPUT_MARKER: the sha256 of every file ptc put
-# there. A folder is ptc's to replace only while the marker covers everything in it, unchanged.
+# Every folder staged_directory writes ends with OUTPUT_MARKER: the size and modification time of
+# every file ptc put there (not a hash: a warm rebuild must not read gigabytes of weights back, and
+# an edit by hand changes the time). A folder is ptc's to replace only while the marker covers
+# everything in it, unchanged.
 OUTPUT_MARKER = ".ptc-output.json"
 STAGING_MARKER = ".ptc-staging"
 
 
-def _sha256_file(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _stamp(path: Path) -> list[int]:
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
 def _tree(root: Path) -> tuple[list[str], list[str]]:
@@ -165,7 +172,7 @@ def _tree(root: Path) -> tuple[list[str], list[str]]:
 def mark_output(folder: Path) -> None:
     """Record every file under `folder` as ptc's (written last, once everything else is)."""
     files, _ = _tree(folder)
-    record = {"format": "ptc-output", "files": {rel: _sha256_file(folder / rel) for rel in files
+    record = {"format": "ptc-output", "version": 2, "files": {rel: _stamp(folder / rel) for rel in files
                                                   if rel not in (OUTPUT_MARKER, STAGING_MARKER)}}
     write_json_atomic(folder / OUTPUT_MARKER, record)
 
@@ -175,14 +182,14 @@ def foreign_entries(folder: Path) -> list[str]:
     wholly ptc's. A folder without ptc's output marker is foreign as a whole ('.')."""
     try:
         record = json.loads((folder / OUTPUT_MARKER).read_text())
-        recorded = record["files"] if record.get("format") == "ptc-output" else None
+        recorded = record["files"] if record.get("format") == "ptc-output" and record.get("version") == 2 else None
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
         recorded = None
     if not isinstance(recorded, dict):
         return ["."]
     files, others = _tree(folder)
     foreign = [rel for rel in files if rel != OUTPUT_MARKER
-               and (rel not in recorded or _sha256_file(folder / rel) != recorded[rel])]
+               and (rel not in recorded or _stamp(folder / rel) != recorded[rel])]
     return sorted(foreign + others)
 
 

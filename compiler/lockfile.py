@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from ..errors import InputError, OutputError, PtcError
-from .fsio import OUTPUT_MARKER, STAGING_MARKER, write_json_atomic
+from .fsio import OUTPUT_MARKER, STAGING_MARKER, file_sha256, write_json_atomic
 
 if TYPE_CHECKING:  # `ptc verify` and `ptc diff` load no model and need no torch
     from ..targets.base import DualEncoder
@@ -210,8 +210,6 @@ def output_files(root: Path) -> list[Path]:
 def verify_output(out: Path, lock_path: Path | None = None) -> tuple[int, list[str]]:
     """(files checked, problems): every file the lock lists has its bytes, nothing else is
     there, and the report's verification figures are within the tolerances it recorded."""
-    from .export import file_sha256
-
     out = Path(out)
     if not out.is_dir():
         raise InputError(f"{out}: not a folder", "give a build's output folder")
@@ -223,8 +221,9 @@ def verify_output(out: Path, lock_path: Path | None = None) -> tuple[int, list[s
     present = {p.relative_to(out).as_posix(): p for p in output_files(out)}
     problems = [f"{name}: missing" for name in sorted(set(recorded) - set(present))]
     problems += [f"{name}: not in the lock" for name in sorted(set(present) - set(recorded))]
-    problems += [f"{name}: sha256 {file_sha256(present[name])[:16]} != locked {sha[:16]}"
-                 for name, sha in sorted(recorded.items()) if name in present and file_sha256(present[name]) != sha]
+    actual = {name: file_sha256(present[name]) for name in sorted(set(recorded) & set(present))}
+    problems += [f"{name}: sha256 {actual[name][:16]} != locked {recorded[name][:16]}"
+                 for name in actual if actual[name] != recorded[name]]
     return len(recorded), problems + _report_problems(out, lock)
 
 

@@ -14,30 +14,34 @@ from ..errors import ModelError
 from .grid import check_name
 
 
+def _finetuned_ref(source_ref: str, finetuned: str, base_dir: Path) -> tuple[Path | None, str | None]:
+    """How a fine-tune is named: (a peft adapter folder, None) or (None, a model reference); a
+    bare full-checkpoint folder reads with the source's scheme."""
+    path = (base_dir / finetuned).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        return path.resolve(), None
+    if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
+        return None, finetuned
+    scheme, _ = targets.split_ref(source_ref)
+    return None, f"{scheme}:{finetuned}"
+
+
 def load_finetuned(source: DualEncoder, finetuned: str, base_dir: Path) -> DualEncoder:
     """A peft adapter folder (merged into a copy of `source`), a scheme reference, or a bare
     full-checkpoint folder (read with the source's scheme)."""
-    path = (base_dir / finetuned).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file():
-        return source.with_adapter(path.resolve())
-    if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
-        return targets.load(finetuned, base_dir)
-    scheme, _ = targets.split_ref(source.ref)
-    return targets.load(f"{scheme}:{finetuned}", base_dir)
+    adapter, ref = _finetuned_ref(source.ref, finetuned, base_dir)
+    return source.with_adapter(adapter) if adapter else targets.load(ref, base_dir)
 
 
 def check_finetuned(source_ref: str, finetuned: str, base_dir: Path) -> str:
     """Resolve a fine-tune the way load_finetuned reads it, loading no weights."""
     from ..targets.shipped_code import refuse_unsafe_adapter
 
-    path = (base_dir / finetuned).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file():
-        refuse_unsafe_adapter(path, source_ref)
-        return str(path.resolve())
-    if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
-        return targets.check(finetuned, base_dir)
-    scheme, _ = targets.split_ref(source_ref)
-    return targets.check(f"{scheme}:{finetuned}", base_dir)
+    adapter, ref = _finetuned_ref(source_ref, finetuned, base_dir)
+    if adapter:
+        refuse_unsafe_adapter(adapter, source_ref)
+        return str(adapter)
+    return targets.check(ref, base_dir)
 
 
 def check_pair(source: ModelInfo, finetuned: ModelInfo, source_ref: str, finetuned_ref: str) -> None:

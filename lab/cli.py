@@ -12,17 +12,10 @@ from ptc.compiler.cli import handled  # the product's one-line error handling
 COMMANDS: list = []  # (decorated command or group), added to the product's group by register()
 
 
-def _lab_group():
+def _lab(make):
+    """`@_lab(click.group)` / `@_lab(click.command)`: a command of the lab's, kept for register()."""
     def decorate(function):
-        group = click.group()(function)
-        COMMANDS.append(group)
-        return group
-    return decorate
-
-
-def _lab_command():
-    def decorate(function):
-        command = click.command()(function)
+        command = make()(function)
         COMMANDS.append(command)
         return command
     return decorate
@@ -35,7 +28,7 @@ def register(main: click.Group) -> None:
 
 
 # -- the offline zoo ------------------------------------------------------------------------------
-@_lab_group()
+@_lab(click.group)
 def zoo() -> None:
     """Build and inspect the offline zoo (models pretrained here on a generated world)."""
 
@@ -101,7 +94,7 @@ def zoo_show(root: Path | None) -> None:
         click.echo(row)
 
 
-@_lab_command()
+@_lab(click.command)
 @click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
 @click.option("--root", type=click.Path(path_type=Path), default=None,
               help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
@@ -129,7 +122,7 @@ def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     click.echo(f"written: {', '.join(str(p) for p in written)}")
 
 
-@_lab_command()
+@_lab(click.command)
 @click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
 @click.option("--size", type=click.Choice(["tiny", "small", "vit-b"]), default=None,
               help="Model and grid size (default: small with --quick, vit-b otherwise).")
@@ -149,7 +142,7 @@ def bench(quick: bool, size: str | None, out: Path) -> None:
                f"cuda {results['machine']['cuda']}; written to {out}")
 
 
-@_lab_command()
+@_lab(click.command)
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="LoRA steps per source.")
 @handled

@@ -196,20 +196,23 @@ def test_no_code_shipped_with_a_model_runs(case, world, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("ptc: error: ") and expected in lines[0], lines
 
 
-def test_every_loader_passes_trust_remote_code_false_even_without_the_scan(world, tmp_path, monkeypatch):
-    """The second wall: with the folder scan switched off, transformers is still told not to
-    trust the folder, so it loads its own class (or refuses) and never prompts or imports."""
-    from ptc import targets
-    import ptc.targets.hf as hf
+def test_every_transformers_loader_is_told_not_to_trust_the_folder(world, monkeypatch):
+    """The second wall, behind the scan: every transformers from_pretrained ptc calls gets
+    trust_remote_code=False, so no library decides on its own (or asks on stdin) whether to
+    run a folder's code. (For a known model type transformers would not ask anyway, so a
+    planted file cannot tell the difference; the calls themselves are what is checked.)"""
+    import transformers
 
-    sentinel = tmp_path / "code-ran"
-    folder = _hf_copy(world, tmp_path, sentinel)
-    for config, auto_class in (("preprocessor_config.json", "AutoImageProcessor"),
-                               ("tokenizer_config.json", "AutoTokenizer")):
-        _edit_json(folder / config, auto_map={auto_class: "evil_code.Evil"})
-    monkeypatch.setattr(hf, "refuse_shipped_code", lambda folder, ref: None)
-    try:
-        targets.load(f"hf:{folder}")
-    except Exception:  # refusing is as good as ignoring; running is not
-        pass
-    assert not sentinel.exists()
+    from ptc import targets
+
+    calls = []
+    for name in ("AutoTokenizer", "AutoImageProcessor", "CLIPModel"):
+        cls = getattr(transformers, name)
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, _name=name, **kwargs):
+            calls.append((_name, kwargs.get("trust_remote_code", "missing")))
+            return _original(klass, *args, **kwargs)
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    targets.load(f"hf:{world.target}")
+    assert sorted(calls) == [("AutoImageProcessor", False), ("AutoTokenizer", False), ("CLIPModel", False)]
