@@ -82,7 +82,9 @@ def test_a_finished_build_does_nothing_and_an_interrupted_one_redoes_only_what_i
     assert len(lines) == 1 and lines[0].strip().startswith(f"{member} {key}: fine-tuned")
     # Deterministic, and the adapter names its base by the zoo's reference, not the build folder:
     # the source redone in another folder is the same bytes, config and model card included.
-    assert tree_digest(copy / "sources") == tree_digest(zoo / "sources")
+    # ptc's ownership marker of each adapter folder records file times: bookkeeping, not the source
+    marker = lambda digest: {k: v for k, v in digest.items() if not k.endswith(".ptc-output.json")}  # noqa: E731
+    assert marker(tree_digest(copy / "sources")) == marker(tree_digest(zoo / "sources"))
     assert tree_digest(copy / "bank" / "descriptors") == tree_digest(zoo / "bank" / "descriptors")
 
 
