@@ -12,15 +12,15 @@ from pathlib import Path
 import torch
 
 from .. import targets
-from ..targets.base import Batch, DualEncoder, Exportable, Family
+from ..targets.base import DualEncoder, Exportable, Family, batch_rows
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
-from ..errors import OutputError
+from ..errors import OutputError, VerifyError
 from .evaluate import zero_shot_accuracy
-from .export import (export_onnx, fp16_variant, min_row_cosine, model_card, run_onnx,
-                     stamp_onnx, stamp_safetensors, write_triton_model)
+from .export import (fp16_variant, min_row_cosine, model_card, run_onnx,
+                     stamp_safetensors, write_triton_model)
 from .fsio import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
 from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, differences, lock_document, lock_inputs,
                        output_files, previous_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
@@ -28,21 +28,23 @@ from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, difference
 from .options import Options
 from .report import BuildReport
 from .plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
-from .routes import ROUTES, Edit, Run, grid_goals
+from .routes import ROUTES, Check, Edit, Run, grid_goals
+from .towers import write_tower
 from .strength import choose_strengths, strength_report
 from .terms import resolve_descriptors, with_weights
 from .verify import descriptor_residual, max_abs_difference, require, require_at_least
 
 
-def _check_paths(plan_: Plan, count: int) -> list[Path]:
-    """Probe files spread evenly over the recipe's grids, `count` in all."""
+def _check_set(plan_: Plan, target: DualEncoder, count: int) -> Check:
+    """Probe files spread evenly over the recipe's grids, `count` in all, and their batch."""
     grids = list({pt.task.name: pt.task.probes for pt in plan_.terms}.values())
     per_grid = max(1, count // len(grids))
     picked: list[Path] = []
     for probes in grids:
         step = max(1, len(probes) // per_grid)
         picked.extend(probes[::step][:per_grid])
-    return picked[:max(count, len(grids))]
+    paths = picked[:max(count, len(grids))]
+    return Check(paths, target.load_inputs(paths))
 
 
 def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: Edit) -> dict[str, float]:
@@ -51,35 +53,48 @@ def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: Edit) -> dic
             for name, emb in grids.items()}
 
 
-def _export_native(plan_: Plan, edited: Family, check_batch, check_paths, staging: Path, provenance: dict,
+# The reload is checked end to end on a few of the check inputs and prompts (weights, config,
+# tokenizer); its preprocessing on all of them. The edited model's own figures are the route's.
+RELOAD_CHECKS = 4
+
+
+def _export_native(plan_: Plan, edited: Family, check: Check, edit: Edit, staging: Path, provenance: dict,
                    run: Run) -> dict:
     with run.stage("export_native"):
         scheme = edited.save_native(staging / "model")
         stamp_safetensors(staging / "model", provenance)
     with run.stage("verify_reload"):
         reloaded = targets.load(f"{scheme}:{staging / 'model'}")
-        prompts = plan_.terms[0].task.prompts
-        diff = max(max_abs_difference(reloaded.embed_inputs(reloaded.load_inputs(check_paths)),
-                                      edited.embed_inputs(check_batch)),
+        batch = reloaded.load_inputs(check.paths)
+        if any(not torch.equal(batch[name], check.batch[name]) for name in check.batch):
+            raise VerifyError("verification failed: the reloaded checkpoint preprocesses inputs differently",
+                              "nothing was written; the family's save_native loses part of its processor")
+        few = batch_rows(batch, slice(0, RELOAD_CHECKS))
+        prompts = plan_.terms[0].task.prompts[:RELOAD_CHECKS]
+        diff = max(max_abs_difference(reloaded.embed_inputs(few), edit.check_outputs[:RELOAD_CHECKS]),
                    max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)))
     return {"reload_max_abs_diff": require("reload_max_abs_diff", diff, plan_.recipe.verify.equivalence_atol),
             "native_ref": f"{scheme}:model"}
 
 
-def _export_onnx_towers(plan_: Plan, edited: Exportable, check_batch, staging: Path, provenance: dict, run: Run) -> dict:
+def _export_onnx_towers(plan_: Plan, target: Exportable, target_key: str, edit: Edit, check: Check,
+                        staging: Path, provenance: dict, run: Run) -> dict:
     export, verify = plan_.recipe.export, plan_.recipe.verify
     diffs, cosines, triton_models, files, provider = [], [], [], [], None
-    for index, tower in enumerate(edited.onnx_towers()):
+    for index, (base, tower) in enumerate(zip(target.onnx_towers(), edit.edited.onnx_towers())):
         path = staging / "onnx" / f"{tower.name}.onnx"
         with run.stage("export_onnx"):
-            export_onnx(tower, path)
-            stamp_onnx(path, {**provenance, "ptc_precision": "fp32"})
-        # The input tower (first) is checked on real probes, the others on their examples.
-        inputs = check_batch if index == 0 else tower.example_inputs
+            how = write_tower(plan_.bank.root, target_key, base, tower, path, {**provenance, "ptc_precision": "fp32"})
+            run.counts[f"onnx_towers_{how}"] += 1
         with run.stage("verify_onnx"):
-            got, provider = run_onnx(path, inputs)
-            with torch.inference_mode():
-                diffs.append(max_abs_difference(got, tower.module(**inputs)))
+            if index == 0:  # the input tower, on the real check inputs the route already embedded
+                got, provider = run_onnx(path, check.batch)
+                diffs.append(max_abs_difference(got, edit.check_outputs))
+            else:
+                got, provider = run_onnx(path, tower.example_inputs)
+                with torch.inference_mode():
+                    diffs.append(max_abs_difference(got, tower.module(**tower.example_inputs)))
+        inputs = check.batch if index == 0 else tower.example_inputs
         variants = [(tower.name, path)]
         files.append(f"onnx/{path.name}")
         if "fp16" in export.precision:
@@ -104,13 +119,13 @@ def _export_onnx_towers(plan_: Plan, edited: Exportable, check_batch, staging: P
     return figures
 
 
-def _export_and_verify(plan_: Plan, edited: Family, check_batch: Batch, check_paths: list[Path],
-                       staging: Path, provenance: dict, run: Run) -> dict:
+def _export_and_verify(plan_: Plan, target: Family, target_key: str, edit: Edit, check: Check, staging: Path,
+                       provenance: dict, run: Run) -> dict:
     figures = dict(NOT_EXPORTED)
     if "safetensors" in plan_.recipe.export.formats:
-        figures.update(_export_native(plan_, edited, check_batch, check_paths, staging, provenance, run))
+        figures.update(_export_native(plan_, edit.edited, check, edit, staging, provenance, run))
     if "onnx" in plan_.recipe.export.formats:
-        figures.update(_export_onnx_towers(plan_, edited, check_batch, staging, provenance, run))
+        figures.update(_export_onnx_towers(plan_, target, target_key, edit, check, staging, provenance, run))
     return figures
 
 
@@ -213,9 +228,8 @@ def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
     grids = _embed_grids(plan_, target, options, run)
     plan_ = resolve_descriptors(plan_, grids)
     plan_, strength = _choose_strengths(plan_, target, grids, options, run)
-    check_paths = _check_paths(plan_, recipe.verify.check_inputs)
-    check_batch = target.load_inputs(check_paths)
-    edit = ROUTES[recipe.route](plan_, target, target_key, grids, check_batch, run, options)
+    check = _check_set(plan_, target, recipe.verify.check_inputs)
+    edit = ROUTES[recipe.route](plan_, target, target_key, grids, check, run, options)
     with run.stage("verify_residual"):
         residuals = _residuals(plan_, grids, edit)
         if recipe.verify.max_descriptor_residual is not None:
@@ -227,28 +241,28 @@ def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
         evaluation = _evaluate(plan_, target, edit.edited, options)
     derived = {"route": recipe.route, **edit.lock,
                "operators": [{k: t[k] for k in ("task", "source", "weight", "operator_sha256")} for t in terms]}
-    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check_paths)
+    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check)
     if not options.export:  # verified up to the exports; nothing is written
         report = _report(*context, NOT_EXPORTED)
         report.run = _run_record(run)
         return report
-    report, lock = _write_output(plan_, options, context, derived, check_batch, run)
+    report, lock = _write_output(plan_, options, context, derived, target_key, run)
     report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, lock)
     report.out_dir = plan_.out_dir
     return report
 
 
-def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, check_batch: Batch,
+def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, target_key: str,
                   run: Run) -> tuple[BuildReport, dict]:
     """Export, verify and write every file into a staging folder, renamed into place when all
     passed. The lock is written last, over every other file's bytes; returns (report, lock)."""
-    _, target, edit, _, terms, _, _, _, inputs, check_paths = context
+    _, target, edit, _, terms, _, _, _, inputs, check = context
     recipe, lock_hash = plan_.recipe, sha256_of(inputs)
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
             provenance = {"ptc_version": __version__, "ptc_recipe_sha256": inputs["recipe_sha256"],
                           "ptc_lock_hash": lock_hash, "ptc_base_model": recipe.target, "ptc_route": recipe.route}
-            exported = _export_and_verify(plan_, edit.edited, check_batch, check_paths, staging, provenance, run)
+            exported = _export_and_verify(plan_, target, target_key, edit, check, staging, provenance, run)
             report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             if edit.term_edits is not None:
@@ -296,14 +310,14 @@ def _run_record(run: Run) -> dict:
 
 
 def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,
-            check_paths, exported: dict) -> BuildReport:
+            check: Check, exported: dict) -> BuildReport:
     """What was built and how it verified: report.json's content, the same for the same inputs."""
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
                               **{k: v for k, v in exported.items()
                                  if k not in ("native_ref", "triton_models", "onnx_files")},
-                              "check_inputs": len(check_paths)},
+                              "check_inputs": len(check.paths)},
               "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
     return BuildReport(
         ptc_version=__version__, recipe=plan_.recipe_path.name, route=recipe.route, target=inputs["target"],

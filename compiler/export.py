@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import warnings
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ from ..targets.base import Exportable, OnnxTower
 
 from . import __version__
 from ..errors import OutputError
-from .fsio import write_bytes_atomic
+from .fsio import atomic_file
+from .towers import EXTERNAL_DATA_BYTES, copy_onnx, save_onnx, tower_bytes
 
 ONNX_OPSET = 18
 
@@ -55,7 +57,8 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
         try:
             torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), str(path),
                               input_names=list(tower.example_inputs), output_names=[tower.output_name],
-                              dynamic_shapes=dynamic_shapes, dynamo=True, external_data=False,
+                              dynamic_shapes=dynamic_shapes, dynamo=True,
+                              external_data=tower_bytes(tower.module) > EXTERNAL_DATA_BYTES,
                               opset_version=ONNX_OPSET, verbose=False)
         except Exception as exc:
             raise OutputError(f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
@@ -77,17 +80,21 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, d
     return session.run(None, feeds)[0], {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
 
 
-def stamp_onnx(path: Path, provenance: dict[str, str]) -> None:
-    """Provenance in the graph's metadata_props (what `onnx.load(...).metadata_props` shows)."""
+def load_stripped(path: Path):
+    """An exported graph, loaded (external data included) without the exporter's stack traces."""
     import onnx
 
     model = onnx.load(str(path))
     _drop_stack_traces(model)
+    return model
+
+
+def set_metadata(model, provenance: dict[str, str]) -> None:
+    """Provenance in the graph's metadata_props (what `onnx.load(...).metadata_props` shows)."""
     existing = {p.key: p for p in model.metadata_props}
     for key, value in provenance.items():
         entry = existing.get(key) or model.metadata_props.add()
         entry.key, entry.value = key, str(value)
-    onnx.save(model, str(path))
 
 
 def _drop_stack_traces(model) -> None:
@@ -111,8 +118,9 @@ def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None
         warnings.simplefilter("ignore")
         model = float16.convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
     _retarget_float_casts(model)
-    onnx.save(model, str(target))
-    stamp_onnx(target, {**provenance, "ptc_precision": "fp16"})
+    set_metadata(model, {**provenance, "ptc_precision": "fp16"})
+    weights = sum(len(init.raw_data) for init in model.graph.initializer)
+    save_onnx(model, target, weights > EXTERNAL_DATA_BYTES)
 
 
 def _retarget_float_casts(model) -> None:
@@ -135,28 +143,31 @@ def min_row_cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min())
 
 
-def canonical_safetensors(data: bytes) -> bytes:
-    """The same file with its JSON header written in sorted order. safetensors writes the
-    `__metadata__` map in hash order, which changes from process to process; data offsets are
-    relative to the end of the header, so re-ordering it changes no tensor byte."""
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.dumps(json.loads(data[8:8 + length]), sort_keys=True, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)  # the format aligns the data to 8 bytes
-    return struct.pack("<Q", len(header)) + header + data[8 + length:]
-
-
 def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
-    """Add provenance to the `__metadata__` of every safetensors file under `folder`,
-    keeping what the library wrote there (transformers needs `format: pt`), in canonical
-    order so that the same build gives the same bytes."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save
-
+    """Add provenance to the `__metadata__` of every safetensors file under `folder`, keeping
+    what the library wrote there (transformers needs `format: pt`), the header in sorted order
+    (safetensors writes its metadata map in hash order, which changes from process to process,
+    and the same build must give the same bytes). Data offsets are relative to the end of the
+    header, so only the header is rewritten: the tensor bytes are streamed across, never loaded."""
     for path in sorted(folder.rglob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = dict(handle.metadata() or {})
-        metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
-        write_bytes_atomic(path, canonical_safetensors(save(load_file(str(path)), metadata=metadata)))
+        with open(path, "rb") as source:
+            header = _safetensors_header(source, path)
+            metadata = dict(header.get("__metadata__") or {})
+            metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
+            header["__metadata__"] = metadata
+            encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+            encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
+            with atomic_file(path) as target:
+                target.write(struct.pack("<Q", len(encoded)) + encoded)
+                shutil.copyfileobj(source, target, 16 << 20)
+
+
+def _safetensors_header(handle, path: Path) -> dict:
+    """The JSON header of an open safetensors file, leaving the handle at the first data byte."""
+    (length,) = struct.unpack("<Q", handle.read(8))
+    if length > path.stat().st_size - 8:
+        raise OutputError(f"{path}: safetensors header length exceeds the file (truncated file)")
+    return json.loads(handle.read(length))
 
 
 TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 7: "TYPE_INT64", 6: "TYPE_INT32", 9: "TYPE_BOOL"}
@@ -175,14 +186,11 @@ def _triton_tensors(values) -> str:
 def write_triton_model(repository: Path, name: str, onnx_path: Path, max_batch_size: int) -> Path:
     """`<repository>/<name>/config.pbtxt` and `<name>/1/model.onnx`, read off the ONNX graph
     itself so that names, types and dims cannot drift from it."""
-    import shutil
-
     import onnx
 
-    graph = onnx.load(str(onnx_path)).graph
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
     folder = repository / name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(onnx_path, folder / "1" / "model.onnx")
+    copy_onnx(onnx_path, folder / "1", "model.onnx")
     config = (f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
               f"input [\n{_triton_tensors(graph.input)}\n]\noutput [\n{_triton_tensors(graph.output)}\n]\n"
               "dynamic_batching { }\n")

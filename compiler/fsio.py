@@ -11,7 +11,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -56,10 +56,12 @@ def share_tree(root: Path) -> None:
             os.chmod(path, stat.S_IMODE(wanted))
 
 
-def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> None:
-    """Write `data` to `path` through a temporary file renamed into place. The temporary lies in
-    `scratch` (a folder of ptc's own on the same file system, so that clean-up never has to guess
-    which files are ptc's), else beside `path`."""
+@contextlib.contextmanager
+def atomic_file(path: Path, scratch: Path | None = None) -> Iterator[BinaryIO]:
+    """A binary handle on a temporary file that is renamed onto `path` when the block ends
+    without an exception (and removed when it raises). The temporary lies in `scratch` (a
+    folder of ptc's own on the same file system, so that clean-up never has to guess which
+    files are ptc's), else beside `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     folder = scratch if scratch is not None else path.parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -67,7 +69,7 @@ def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> 
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), _file_mode())  # an inference server may run as another user
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -76,6 +78,12 @@ def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> 
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> None:
+    """Write `data` to `path` through a temporary file renamed into place (`atomic_file`)."""
+    with atomic_file(path, scratch) as handle:
+        handle.write(data)
 
 
 def write_json_atomic(path: Path, obj, scratch: Path | None = None) -> None:

@@ -51,12 +51,21 @@ class Run:
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class Check:
+    """The one small batch of probe files every verification of a build runs on."""
+
+    paths: list[Path]
+    batch: Batch
+
+
 @dataclass
 class Edit:
     """What a route hands back to the build."""
 
     edited: object
     grid_inputs: dict[str, torch.Tensor]
+    check_outputs: torch.Tensor  # the edited model's embeddings of the check batch, computed once
     torch_max_abs_diff: float
     report: dict
     lock: dict
@@ -106,7 +115,7 @@ def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings],
 
 
 def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[str, GridEmbeddings],
-                check_batch: Batch, run: Run, options: Options) -> Edit:
+                check: Check, run: Run, options: Options) -> Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
     with run.stage("factorize"):
         factors = {name: ensure_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts)
@@ -123,7 +132,8 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
     with run.stage("fold"):
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
-        diff = embedding_equivalence(target.embed_for_edit(check_batch), edited.embed_inputs(check_batch), edit)
+        check_outputs = edited.embed_inputs(check.batch)
+        diff = embedding_equivalence(target.embed_for_edit(check.batch), check_outputs, edit)
         require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
     # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
     grid_inputs = {name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()}
@@ -131,13 +141,13 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
     reference = _embedding_operator_reference(plan_, grids, ridge)
     if reference is not None:
         report["embedding_operator_reference"] = reference
-    return Edit(edited, grid_inputs, diff, report, {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
+    return Edit(edited, grid_inputs, check_outputs, diff, report, {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
                 f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}",
                 term_edits)
 
 
 def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridEmbeddings],
-             check_batch: Batch, run: Run, options: Options) -> Edit:
+             check: Check, run: Run, options: Options) -> Edit:
     cfg, device = plan_.recipe.adapter, default_device()
     goals = grid_goals(plan_, grids)
     with run.stage("adapter_inputs"):
@@ -157,13 +167,14 @@ def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridE
         edited = target.with_adapter(Path(folder))  # merged: no LoRA modules are exported
     with run.stage("verify_torch"):
         with torch.no_grad():
-            unmerged = target.embed_with(module.cpu(), check_batch)
-        diff = max_abs_difference(edited.embed_inputs(check_batch), unmerged)
+            unmerged = target.embed_with(module.cpu(), check.batch)
+        check_outputs = edited.embed_inputs(check.batch)
+        diff = max_abs_difference(check_outputs, unmerged)
         require("torch_max_abs_diff (merged vs unmerged adapter)", diff, plan_.recipe.verify.equivalence_atol)
     with run.stage("embed_edited"):
         grid_inputs = {name: embed_probe_files(edited, list(plan_.bank.task(name).probes), options.batch_size,
                                                f"edited {name}", options.progress) for name in grids}
-    return Edit(edited, grid_inputs, diff, {"adapter": stats, "linearity": None},
+    return Edit(edited, grid_inputs, check_outputs, diff, {"adapter": stats, "linearity": None},
                 {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}}, [None] * len(plan_.terms),
                 f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
                 "signed sum of the descriptors below and merged into the weights")

@@ -153,6 +153,18 @@ def fold_into_linear_layer(layer: torch.nn.Linear, operator: torch.Tensor) -> No
         layer.bias.data.copy_(bias)
 
 
+def copy_sharing(model: torch.nn.Module, edited: list[torch.Tensor]) -> torch.nn.Module:
+    """A copy of `model` that shares every parameter and buffer with it except the `edited`
+    ones, which are its own to write an edit into. An edit changes one or two tensors of a
+    model of hundreds of MB: a deep copy would hold the whole model twice (the peak memory of
+    a real-size build), and the base model is still needed, unchanged, for verification."""
+    import copy
+
+    fresh = {id(t) for t in edited}
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in fresh}
+    return copy.deepcopy(model, memo=shared)
+
+
 def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: float = 1.0) -> torch.nn.Module:
     """A copy of `model` with the peft adapter in `adapter_dir` merged in at `scale` times its
     trained strength (1: the fine-tune itself; 0.5: task arithmetic at half strength)."""

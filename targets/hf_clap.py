@@ -8,7 +8,6 @@ that normalisation (as CLIP's do), so the edit acts on z exactly and zero-shot n
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from ..errors import OutputError
 
 from . import register_hf_family
 from .audio import read_audio
-from .base import Batch, OnnxTower, fold_into_linear_layer
+from .base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
 from .hf import HFDualEncoder
 
 
@@ -83,7 +82,8 @@ class HFClap(HFDualEncoder):
         return _audio_embedding(module, batch)
 
     def with_edit(self, operator: torch.Tensor) -> "HFClap":
-        model = copy.deepcopy(self.model)
+        layer = self.model.audio_projection.linear2
+        model = copy_sharing(self.model, [t for t in (layer.weight, layer.bias) if t is not None])
         fold_into_linear_layer(model.audio_projection.linear2, operator)
         return self._copy(model, "+edit")
 

@@ -6,13 +6,12 @@ The image embedding is `visual_projection(pooled vision output)`, a bias-free Li
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
 
 from . import register_hf_family
-from .base import Batch, OnnxTower, fold_into_linear_layer, open_images
+from .base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer, open_images
 from .hf import HFDualEncoder
 
 
@@ -59,7 +58,7 @@ class HFClip(HFDualEncoder):
         return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
     def with_edit(self, operator: torch.Tensor) -> "HFClip":
-        model = copy.deepcopy(self.model)
+        model = copy_sharing(self.model, [self.model.visual_projection.weight])
         fold_into_linear_layer(model.visual_projection, operator)
         return self._copy(model, "+edit")
 

@@ -12,13 +12,12 @@ solved by the same two-filter formula (see compiler/solve.py).
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
 
 from . import register_hf_family
-from .base import Batch, OnnxTower, open_images
+from .base import Batch, OnnxTower, copy_sharing, open_images
 from .hf import HFDualEncoder
 
 
@@ -92,7 +91,8 @@ class HFSiglip(HFDualEncoder):
     def with_edit(self, edit: torch.Tensor) -> "HFSiglip":
         if tuple(edit.shape) != (self.embed_dim, self.edit_width):
             raise ValueError(f"head edit is {tuple(edit.shape)}, the head takes {(self.embed_dim, self.edit_width)}")
-        model = copy.deepcopy(self.model)
+        head = self.model.vision_model.head.mlp.fc2
+        model = copy_sharing(self.model, [head.weight, head.bias])
         fc2 = model.vision_model.head.mlp.fc2
         edit = edit.double()
         fc2.weight.data.copy_((fc2.weight.data.double() + edit[:, :-1]).to(fc2.weight.dtype))

@@ -19,8 +19,8 @@ from safetensors import SafetensorError
 from ..errors import ModelError, ModelNotFound
 
 from . import register_scheme
-from .base import (Batch, OnnxTower, fingerprint_tensors, fold_into_linear, fold_into_linear_layer, merge_adapter,
-                   open_images)
+from .base import (Batch, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
+                   merge_adapter, open_images)
 from .hf import save_tokenizer
 from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 
@@ -180,7 +180,8 @@ class OpenClip:
         return module.encode_text(self.tokenizer(prompts).to(next(module.parameters()).device))
 
     def with_edit(self, operator: torch.Tensor) -> "OpenClip":
-        model = copy.deepcopy(self.model)
+        site = _get(self.model, self.projection_path)
+        model = copy_sharing(self.model, list(site.parameters()) if isinstance(site, torch.nn.Module) else [site])
         target = _get(model, self.projection_path)
         if isinstance(target, torch.nn.Linear):
             fold_into_linear_layer(target, operator)
