@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from ..errors import BankError, TaskError
-from .fsio import file_lock, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
+from .fsio import file_lock, file_sha256, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
 from .grid import TaskSpec, check_name
 from ..hashing import tensors_sha256
 from ..timers import timed
@@ -312,6 +312,46 @@ class Bank:
     def operator_rel(target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> str:
         return f"operators/{target_fp}/{grid}/{descriptor_sha[:32]}-r{ridge!r}.safetensors"
 
+    # -- base towers exported to ONNX (compiler/towers.py) --------------------------------------
+    # exports/<key>/<tower>.onnx (and .onnx.data), complete once its sealed record
+    # <tower>.json, written last, names the entry and every file's sha256.
+    def export_folder(self, key: str) -> Path:
+        return self.root / "exports" / key
+
+    def prepare_export(self, key: str) -> Path:
+        """The folder an export is written into, in a bank that exists (marker written)."""
+        self._ensure()
+        return self.export_folder(key)
+
+    def seal_export(self, key: str, tower: str, files: list[Path]) -> None:
+        record = _sealed({"kind": "export", "entry": f"exports/{key}/{tower}", "ptc_version": __version__,
+                          "files": {path.name: file_sha256(path) for path in files}})
+        write_json_atomic(self.export_folder(key) / f"{tower}.json", record, self.scratch)
+
+    def export_problem(self, key: str, tower: str) -> str | None:
+        """None when the export exports/<key>/<tower> is complete and intact; else what is wrong."""
+        path = self.export_folder(key) / f"{tower}.json"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return f"bank export {path.parent / tower}.onnx is missing or incomplete"
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"bank export record {path} is corrupt: {exc}"
+        if not _seal_intact(record) or record.get("entry") != f"exports/{key}/{tower}" \
+                or not isinstance(record.get("files"), dict):
+            return f"bank export record {path} failed its integrity check (modified, or copied from elsewhere)"
+        with timed("hash_exports"):
+            for name, sha in record["files"].items():
+                file = path.parent / str(name)
+                if not file.is_file() or file_sha256(file) != sha:
+                    return f"bank export {file} does not match its record (modified or damaged)"
+        return None
+
+    def _export_problems(self) -> tuple[int, list[str]]:
+        records = sorted(self.root.glob("exports/*/*.json"))
+        found = [self.export_problem(path.parent.name, path.stem) for path in records]
+        return len(records), [problem for problem in found if problem is not None]
+
     # -- maintenance --------------------------------------------------------------------------
     def _entry_paths(self) -> list[str]:
         return [str(p.relative_to(self.root)) for p in sorted(self.root.rglob("*.safetensors"))
@@ -341,7 +381,8 @@ class Bank:
                 problems += self._cross_check(entry)
             except BankError as exc:
                 problems.append(exc.message)
-        return count, problems
+        exports, export_problems = self._export_problems()
+        return count + exports, problems + export_problems
 
     def _cross_check(self, entry: Entry) -> list[str]:
         """A descriptor made on another grid than its task's (copied in from another bank)."""

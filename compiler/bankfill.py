@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import targets
 
 from .bank import Bank
+from .compute import Compute
 from .embed import embed_grid, model_key
 from .operators import ensure_factors, ensure_operator
 from .sources import add_descriptor
@@ -24,20 +25,22 @@ class SourceSpec:
 
 
 def fill_bank(bank: Bank, sources: list[SourceSpec], target_refs: list[str], ridge: float = 1.0,
-              base_dir: Path = Path("."), batch_size: int = 64, progress: bool = True) -> Counter:
+              base_dir: Path = Path("."), batch_size: int = 64, progress: bool = True,
+              compute: Compute = Compute()) -> Counter:
     counts: Counter = Counter()
     embeddings_before = _count_embeddings(bank)
     for spec in sources:
-        source = targets.load(spec.pre, base_dir)
+        source = compute.place(targets.load(spec.pre, base_dir))
         for task_name, finetuned in spec.finetuned.items():
             existing = bank.descriptor_ids(task_name)
             if spec.id in existing and same_source(bank, task_name, spec.id, spec.pre, finetuned):
                 continue
-            add_descriptor(bank, task_name, spec.pre, finetuned, spec.id, base_dir, batch_size, progress, source)
+            add_descriptor(bank, task_name, spec.pre, finetuned, spec.id, base_dir, batch_size, progress, source,
+                           compute)
             counts["descriptors_computed"] += 1
     task_names = sorted({t for spec in sources for t in spec.finetuned})
     for ref in target_refs:
-        target = targets.load(ref, base_dir)
+        target = compute.place(targets.load(ref, base_dir))
         key = model_key(target)
         for task_name in task_names:
             task = bank.task(task_name)

@@ -18,6 +18,7 @@ import pydantic
 
 from .bank import Bank
 from .bankfill import SourceSpec, fill_bank
+from .compute import Compute
 from ..errors import PlanError
 from .grid import NAME_PATTERN, TaskSpec, load_task
 from .yamlio import PathText, load_yaml, validate
@@ -99,7 +100,7 @@ def check_references(plan: BankPlan) -> None:
 
 
 def run_plan(plan: BankPlan, bank: Bank, ray_address: str | None = None, replace: bool = False,
-             batch_size: int = 64, progress: bool = True) -> Counter:
+             batch_size: int = 64, progress: bool = True, compute: Compute = Compute()) -> Counter:
     """Register the plan's tasks, then compute everything the bank is missing. Every model the
     plan names is resolved first: a plan that cannot run writes nothing."""
     check_references(plan)
@@ -108,9 +109,9 @@ def run_plan(plan: BankPlan, bank: Bank, ray_address: str | None = None, replace
         counts["tasks_registered"] += bank.add_task(task, replace=replace)[1]
     if ray_address is None:
         counts.update(fill_bank(bank, list(plan.sources), list(plan.targets), plan.ridge, plan.base_dir,
-                                batch_size, progress))
+                                batch_size, progress, compute))
     else:
         from .ray_fill import fill_bank_on_ray
         counts.update(fill_bank_on_ray(bank, list(plan.sources), list(plan.targets), plan.ridge, plan.base_dir,
-                                       batch_size, progress, ray_address))
+                                       batch_size, progress, ray_address, compute))
     return counts

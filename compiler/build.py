@@ -16,7 +16,8 @@ from ..targets.base import DualEncoder, Exportable, Family, batch_rows
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
-from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
+from .compute import CPU, on_device, place
+from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_info, model_key
 from ..errors import OutputError, VerifyError
 from .evaluate import zero_shot_accuracy
 from .export import (fp16_variant, min_row_cosine, model_card, run_onnx,
@@ -35,16 +36,28 @@ from .terms import resolve_descriptors, with_weights
 from .verify import descriptor_residual, max_abs_difference, require, require_at_least
 
 
-def _check_set(plan_: Plan, target: DualEncoder, count: int) -> Check:
-    """Probe files spread evenly over the recipe's grids, `count` in all, and their batch."""
-    grids = list({pt.task.name: pt.task.probes for pt in plan_.terms}.values())
-    per_grid = max(1, count // len(grids))
-    picked: list[Path] = []
-    for probes in grids:
-        step = max(1, len(probes) // per_grid)
-        picked.extend(probes[::step][:per_grid])
-    paths = picked[:max(count, len(grids))]
-    return Check(paths, target.load_inputs(paths))
+# The target's own embeddings of the check inputs are read from the grid cache where fp32 passes
+# on a CPU made it: the very numbers the solve used, with no forward pass. A cache made on a GPU
+# or in reduced precision is not the CPU fp32 reference, so there the target runs the batch.
+FP32_CPU = {"device": "cpu", "precision": "fp32"}
+
+
+def _check_set(plan_: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings], count: int) -> Check:
+    """Probe files spread evenly over the recipe's grids, `count` in all, their batch, and the
+    target's (z, R) of them where the cache holds a CPU fp32 reference."""
+    probes = {pt.task.name: pt.task.probes for pt in plan_.terms}
+    per_grid = max(1, count // len(probes))
+    picked = []
+    for name, files in probes.items():
+        picked.extend((name, index) for index in range(0, len(files), max(1, len(files) // per_grid))[:per_grid])
+    picked = picked[:max(count, len(probes))]
+    paths = [probes[name][index] for name, index in picked]
+    base = None
+    if all(grids[name].made_by == FP32_CPU for name in probes):
+        z = torch.stack([grids[name].inputs[index] for name, index in picked])
+        rows = [grids[name].regressors for name, _ in picked]
+        base = (z, None if rows[0] is None else torch.stack([r[index] for r, (_, index) in zip(rows, picked)]))
+    return Check(paths, target.load_inputs(paths), base)
 
 
 def _residuals(plan_: Plan, grids: dict[str, GridEmbeddings], edit: Edit) -> dict[str, float]:
@@ -77,14 +90,15 @@ def _export_native(plan_: Plan, edited: Family, check: Check, edit: Edit, stagin
             "native_ref": f"{scheme}:model"}
 
 
-def _export_onnx_towers(plan_: Plan, target: Exportable, target_key: str, edit: Edit, check: Check,
-                        staging: Path, provenance: dict, run: Run) -> dict:
+def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Check, staging: Path,
+                        provenance: dict, run: Run) -> dict:
     export, verify = plan_.recipe.export, plan_.recipe.verify
+    weights_key = model_info(target).weights_key  # the export cache is one per model, whatever the precision
     diffs, cosines, triton_models, files, provider = [], [], [], [], None
     for index, (base, tower) in enumerate(zip(target.onnx_towers(), edit.edited.onnx_towers())):
         path = staging / "onnx" / f"{tower.name}.onnx"
         with run.stage("export_onnx"):
-            how = write_tower(plan_.bank.root, target_key, base, tower, path, {**provenance, "ptc_precision": "fp32"})
+            how = write_tower(plan_.bank, weights_key, base, tower, path, {**provenance, "ptc_precision": "fp32"})
             run.counts[f"onnx_towers_{how}"] += 1
         with run.stage("verify_onnx"):
             if index == 0:  # the input tower, on the real check inputs the route already embedded
@@ -119,13 +133,13 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, target_key: str, edit: 
     return figures
 
 
-def _export_and_verify(plan_: Plan, target: Family, target_key: str, edit: Edit, check: Check, staging: Path,
+def _export_and_verify(plan_: Plan, target: Family, edit: Edit, check: Check, staging: Path,
                        provenance: dict, run: Run) -> dict:
     figures = dict(NOT_EXPORTED)
     if "safetensors" in plan_.recipe.export.formats:
         figures.update(_export_native(plan_, edit.edited, check, edit, staging, provenance, run))
     if "onnx" in plan_.recipe.export.formats:
-        figures.update(_export_onnx_towers(plan_, target, target_key, edit, check, staging, provenance, run))
+        figures.update(_export_onnx_towers(plan_, target, edit, check, staging, provenance, run))
     return figures
 
 
@@ -208,15 +222,16 @@ def _embed_grids(plan_: Plan, target: DualEncoder, options: Options, run: Run) -
 def _load_target(plan_: Plan, options: Options, run: Run):
     """The target, its bank key and the lock's inputs; with --locked, refused here, before any
     forward pass, when an input drifted from the recipe's lock."""
+    device = options.compute().resolved()  # a device this machine lacks is refused before loading
     with run.stage("load"):
         target = targets.load(plan_.recipe.target, plan_.base_dir)
-        target_key = model_key(target)
         inputs = lock_inputs(plan_, target)
     if options.locked:
         check_locked(recipe_lock_path(plan_.recipe_path), inputs)
     elif options.export:
         refuse_foreign_lock(recipe_lock_path(plan_.recipe_path))  # before the build, not after it
-    return target, target_key, inputs
+    place(target, device, options.precision)
+    return target, model_key(target), inputs, device
 
 
 def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
@@ -224,45 +239,48 @@ def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
         raise OutputError(f"{plan_.recipe_path}: export.out: no output directory",
                           "set export.out in the recipe or pass --out")
     recipe, run = plan_.recipe, Run()
-    target, target_key, inputs = _load_target(plan_, options, run)
+    target, target_key, inputs, device = _load_target(plan_, options, run)
     grids = _embed_grids(plan_, target, options, run)
     plan_ = resolve_descriptors(plan_, grids)
     plan_, strength = _choose_strengths(plan_, target, grids, options, run)
-    check = _check_set(plan_, target, recipe.verify.check_inputs)
+    target.to_device(CPU)  # the route, every verification and the export run in fp32 on the CPU
+    check = _check_set(plan_, target, grids, recipe.verify.check_inputs)
     edit = ROUTES[recipe.route](plan_, target, target_key, grids, check, run, options)
     with run.stage("verify_residual"):
         residuals = _residuals(plan_, grids, edit)
         if recipe.verify.max_descriptor_residual is not None:
             require("descriptor residual", max(residuals.values()), recipe.verify.max_descriptor_residual)
     terms = _term_records(plan_, edit, residuals)
-    with run.stage("certify"):
+    with run.stage("certify"), on_device([target], device):
         certified = _certify(plan_, target, grids, edit, options)
-    with run.stage("evaluate"):
+    place(edit.edited, CPU, options.precision)  # evaluated as the target is
+    with run.stage("evaluate"), on_device([target, edit.edited], device):
         evaluation = _evaluate(plan_, target, edit.edited, options)
+    made_by = {name: emb.made_by for name, emb in grids.items()}
     derived = {"route": recipe.route, **edit.lock,
                "operators": [{k: t[k] for k in ("task", "source", "weight", "operator_sha256")} for t in terms]}
-    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check)
+    context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check, made_by)
     if not options.export:  # verified up to the exports; nothing is written
         report = _report(*context, NOT_EXPORTED)
         report.run = _run_record(run)
         return report
-    report, lock = _write_output(plan_, options, context, derived, target_key, run)
+    report, lock = _write_output(plan_, options, {**derived, "embeddings": made_by}, context, run)
     report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, lock)
     report.out_dir = plan_.out_dir
     return report
 
 
-def _write_output(plan_: Plan, options: Options, context: tuple, derived: dict, target_key: str,
+def _write_output(plan_: Plan, options: Options, derived: dict, context: tuple,
                   run: Run) -> tuple[BuildReport, dict]:
     """Export, verify and write every file into a staging folder, renamed into place when all
     passed. The lock is written last, over every other file's bytes; returns (report, lock)."""
-    _, target, edit, _, terms, _, _, _, inputs, check = context
+    _, target, edit, _, terms, _, _, _, inputs, check, _ = context
     recipe, lock_hash = plan_.recipe, sha256_of(inputs)
     try:
         with staged_directory(plan_.out_dir, replace=options.force) as staging:
             provenance = {"ptc_version": __version__, "ptc_recipe_sha256": inputs["recipe_sha256"],
                           "ptc_lock_hash": lock_hash, "ptc_base_model": recipe.target, "ptc_route": recipe.route}
-            exported = _export_and_verify(plan_, target, target_key, edit, check, staging, provenance, run)
+            exported = _export_and_verify(plan_, target, edit, check, staging, provenance, run)
             report = _report(*context, exported)
             write_bytes_atomic(staging / "recipe.yaml", plan_.recipe_bytes)
             if edit.term_edits is not None:
@@ -310,7 +328,7 @@ def _run_record(run: Run) -> dict:
 
 
 def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,
-            check: Check, exported: dict) -> BuildReport:
+            check: Check, made_by: dict, exported: dict) -> BuildReport:
     """What was built and how it verified: report.json's content, the same for the same inputs."""
     recipe = plan_.recipe
     verify = {"linearity": edit.report["linearity"],
@@ -326,4 +344,4 @@ def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, eval
         strength=strength or {"mode": "fixed"}, certificate=certified, evaluation=evaluation,
         lock_hash=sha256_of(inputs), formats=list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
         precision=list(recipe.export.precision), triton_models=exported["triton_models"],
-        onnx_files=exported["onnx_files"])
+        onnx_files=exported["onnx_files"], embeddings=made_by)

@@ -24,6 +24,7 @@ import torch
 
 from .. import targets
 
+from .compute import Compute, autocast
 from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files_for_edit
 from ..errors import OutputError, PtcError, RecipeError
@@ -106,7 +107,7 @@ def input_files(folder: Path) -> list[Path]:
 
 
 def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_size: int = 64,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, compute: Compute = Compute()) -> dict:
     """`ptc certify OUT --data DIR`: the certificate of a built output on a folder of inputs."""
     out_dir = Path(out_dir)
     record, edits = read_terms(out_dir)
@@ -127,8 +128,10 @@ def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_siz
         raise OutputError(f"{out_dir}: the target {where['ref']} changed since the build "
                           f"(input hash {target.input_fingerprint()[:12]} != {where['input_fingerprint'][:12]})",
                           "rebuild the output against the current target")
+    compute.place(target)
     prompts = TaskSpec(task, (), tuple(spec["classes"]), tuple(spec["templates"])).prompts
-    rows = class_embeddings(target.embed_prompts(prompts).double(), len(spec["classes"]))
+    with autocast(target):
+        rows = class_embeddings(target.embed_prompts(prompts).double(), len(spec["classes"]))
     z, r = embed_probe_files_for_edit(target, input_files(data), batch_size, f"certify {task}", progress)
     figures = certificate(z, r, rows, task_edits(record["terms"], edits)[task], sum(e.double() for e in edits))
     return {"task": task, "data": str(Path(data).resolve()), **figures}

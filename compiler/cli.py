@@ -35,9 +35,19 @@ def _flag(name: str, definition):
         return click.option(meta["flag"], name, flag_value=False, default=True, help=meta["help"])
     if meta["kind"] == "switch":
         return click.option(meta["flag"], name, is_flag=True, help=meta["help"])
-    kind = {"path": click.Path(path_type=Path), "count": click.IntRange(min=1)}[meta["kind"]]
+    kind = {"path": click.Path(path_type=Path), "count": click.IntRange(min=1), "text": str,
+            "choice": click.Choice(meta["choices"])}[meta["kind"]]
     return click.option(meta["flag"], name, type=kind, default=default, show_default=default is not None,
                         help=meta["help"])
+
+
+def _compute(device: str, precision: str):
+    """--device and --precision, the device checked here (a missing one is exit 2, before loading)."""
+    from .compute import Compute
+
+    compute = Compute(device, precision)
+    compute.resolved()
+    return compute
 
 
 JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -229,15 +239,15 @@ def descriptor() -> None:
 @click.option("--source", required=True, help="Pre-trained source model reference, e.g. hf:/models/clip.")
 @click.option("--finetuned", required=True, help="Fine-tuned model reference or folder, or a peft adapter folder.")
 @click.option("--id", "descriptor_id", default=None, help="Descriptor id (default: the source's folder name).")
-@options("batch_size", "bank")
+@options("batch_size", "device", "precision", "bank")
 @handled
-def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, bank) -> None:
+def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, device, precision, bank) -> None:
     """Store UTD = S_ft - S_pre of SOURCE's fine-tune on TASK's grid."""
     from .sources import add_descriptor
 
     store = _bank(bank)
     entry = add_descriptor(store, task_name, source, finetuned, descriptor_id or _default_id(source),
-                           batch_size=batch_size)
+                           batch_size=batch_size, compute=_compute(device, precision))
     shape = "x".join(map(str, entry.meta["shape"]))
     click.echo(f"descriptor {task_name}/{entry.meta['id']}: {shape}, norm {entry.meta['norm']:.4g}, "
                f"sha {entry.sha256[:12]}")
@@ -267,14 +277,15 @@ def check(recipe: Path, bank, out) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@options("bank", "out", "force", "batch_size", "export", "locked")
+@options("bank", "out", "force", "batch_size", "device", "precision", "export", "locked")
 @handled
-def build(recipe: Path, bank, out, force, batch_size, export, locked) -> None:
+def build(recipe: Path, bank, out, force, batch_size, device, precision, export, locked) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from .build import execute, plan
     from .options import Options
 
-    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, export=export, locked=locked)
+    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, device=device, precision=precision,
+                      export=export, locked=locked)
     p = plan(recipe, options)
     for line in execute(p, options).summary_lines():
         click.echo(line)
@@ -349,10 +360,10 @@ def diff_command(a: Path, b: Path, as_json) -> None:
 @click.argument("output", type=click.Path(path_type=Path))
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Folder of inputs (no labels needed).")
 @click.option("--task", "task_name", default=None, help="Which term task (needed when OUTPUT edits several).")
-@options("batch_size")
+@options("batch_size", "device", "precision")
 @JSON_FLAG
 @handled
-def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
+def certify(output: Path, data: Path, task_name, batch_size, device, precision, as_json) -> None:
     """Composition certificate of a built OUTPUT: inputs whose prediction provably equals the
     single-task model's, whatever the other terms do."""
     from .certify import certify_output
@@ -360,7 +371,7 @@ def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
     if not data.is_dir():
         from ..errors import RecipeError
         raise RecipeError(f"--data: {data} is not a folder", "give a folder of input files (subfolders are read)")
-    figures = certify_output(output, data, task_name, batch_size)
+    figures = certify_output(output, data, task_name, batch_size, compute=_compute(device, precision))
     if as_json:
         click.echo(json.dumps(figures, indent=2))
         return
@@ -375,13 +386,13 @@ def certify(output: Path, data: Path, task_name, batch_size, as_json) -> None:
 @click.option("--task", "task_name", required=True)
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
 @JSON_FLAG
-@options("bank")
+@options("batch_size", "device", "precision", "bank")
 @handled
-def eval_command(model, task_name, data, as_json, bank) -> None:
+def eval_command(model, task_name, data, as_json, batch_size, device, precision, bank) -> None:
     """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
     from .evaluate import evaluate
 
-    result = evaluate(model, _bank(bank).task(task_name), data)
+    result = evaluate(model, _bank(bank).task(task_name), data, batch_size, compute=_compute(device, precision))
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
@@ -398,9 +409,9 @@ def eval_command(model, task_name, data, as_json, bank) -> None:
 @click.option("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
               show_default=True,
               help="peft's lora_dropout while training (a regulariser; nothing changes at inference).")
-@options("out", "force", "bank")
+@options("out", "force", "device", "bank")
 @handled
-def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, bank) -> None:
+def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, device, bank) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
     from .. import targets
 
@@ -421,6 +432,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, ban
         check_replaceable(out)
     stats = finetune_lora(targets.load(model), store.task(task_name), data, out, rank=rank,
                           alpha=2 * rank, steps=steps, seed=seed, dropout=dropout, replace=force,
+                          device=_compute(device, "fp32").resolved(),
                           echo=lambda line: click.echo(line, err=True))
     click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
                f"last batch accuracy {stats['final_batch_accuracy']:.2f})")
@@ -437,15 +449,15 @@ def bank_group() -> None:
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
               help="Run forward passes and solves as Ray tasks (a cluster address, or 'local').")
 @click.option("--replace", is_flag=True, help="Re-register tasks whose grid changed.")
-@options("batch_size")
+@options("batch_size", "device", "precision")
 @handled
-def bank_build(plan_file: Path, bank, ray_address, replace, batch_size) -> None:
+def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, precision) -> None:
     """Compute every missing embedding, descriptor, factor and operator of PLAN_FILE."""
     from .bankplan import load_plan, run_plan
 
     plan = load_plan(plan_file)
     store = _bank(bank)
-    counts = run_plan(plan, store, ray_address, replace, batch_size)
+    counts = run_plan(plan, store, ray_address, replace, batch_size, compute=_compute(device, precision))
     figures = ", ".join(f"{k.replace('_', ' ')} {counts.get(k, 0)}" for k in (
         "tasks_registered", "descriptors_computed", "embeddings_computed", "factors_computed", "operators_solved"))
     where = f"Ray at {ray_address}" if ray_address else "in-process"

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from .bank import Bank, TaskRecord
+from .compute import CPU, autocast, device_label, precision_of
 from .descriptor import class_embeddings
 from ..errors import BankError
 from .grid import grid_hash
@@ -22,6 +24,7 @@ class GridEmbeddings:
     class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
     computed: bool            # False when it came from the bank's cache
     regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
+    made_by: dict | None = None             # the device and precision of the passes that made it
 
 
 @dataclass(frozen=True)
@@ -33,16 +36,23 @@ class ModelInfo:
     text_fingerprint: str
     embed_dim: int
     edit_width: int
+    precision: str = "fp32"
+
+    @property
+    def weights_key(self) -> str:
+        """Its input and text fingerprints together: what the model computes."""
+        return hashlib.sha256(f"{self.input_fingerprint}|{self.text_fingerprint}".encode()).hexdigest()[:32]
 
     @property
     def key(self) -> str:
-        """Bank key of a model: its input and text fingerprints together."""
-        return hashlib.sha256(f"{self.input_fingerprint}|{self.text_fingerprint}".encode()).hexdigest()[:32]
+        """Bank key of its embeddings and what derives from them: the weights key, and the
+        precision of its embedding passes where that is not fp32 (kept apart from fp32)."""
+        return self.weights_key if self.precision == "fp32" else f"{self.weights_key}-{self.precision}"
 
 
 def model_info(model) -> ModelInfo:
     return ModelInfo(model.ref, model.input_fingerprint(), model.text_fingerprint(), model.embed_dim,
-                     model.edit_width)
+                     model.edit_width, precision_of(model))
 
 
 def model_key(model) -> str:
@@ -80,12 +90,31 @@ def _stat(path) -> tuple[int, int]:
 def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forward):
     chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
-    for chunk in tqdm(chunks, desc=desc, unit="batch", disable=None if progress else True, leave=False):
-        with timed("decode_inputs"):
-            batch = model.load_inputs(list(chunk))
-        with timed("forward"):
+    batches = _decoded(model, chunks)
+    for batch in tqdm(batches, total=len(chunks), desc=desc, unit="batch", disable=None if progress else True,
+                      leave=False):
+        with timed("forward"), autocast(model):
             rows.append(forward(batch))
     return rows
+
+
+def _decoded(model, chunks):
+    """Each chunk's batch, the next one decoded on a worker thread while the caller runs the
+    forward pass on this one (image decoding and resizing release the GIL)."""
+    if not chunks:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptc-decode") as pool:
+        pending = pool.submit(_decode, model, chunks[0])
+        for following in [*chunks[1:], None]:
+            batch = pending.result()
+            if following is not None:
+                pending = pool.submit(_decode, model, following)
+            yield batch
+
+
+def _decode(model, chunk):
+    with timed("decode_inputs"):
+        return model.load_inputs(list(chunk))
 
 
 def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool = True) -> torch.Tensor:
@@ -105,20 +134,21 @@ def grid_forward(model, task: TaskRecord, batch_size: int = 64, progress: bool =
     check_grid_unchanged(task)
     inputs, regressors = embed_probe_files_for_edit(model, list(task.probes), batch_size, f"embed {task.name}",
                                                     progress)
-    with timed("forward"):
+    with timed("forward"), autocast(model):
         prompts = model.embed_prompts(task.prompts)
     return inputs, prompts, regressors
 
 
 def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, prompts: torch.Tensor,
-                     regressors: torch.Tensor | None = None):
+                     regressors: torch.Tensor | None = None, device: torch.device = CPU):
     """(tensors, meta) of a bank embeddings entry; one definition for every executor."""
     tensors = {"inputs": inputs, "prompts": prompts}
     if regressors is not None:
         tensors["regressors"] = regressors
     return (tensors,
             {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
-             "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint})
+             "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint,
+             "precision": info.precision, "device": device_label(device)})
 
 
 def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
@@ -128,12 +158,14 @@ def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
             or (regressors is not None and regressors.shape[0] != inputs.shape[0])):
         raise BankError(f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
                         "delete the entry and rebuild")
-    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors)
+    made_by = {"device": entry.meta.get("device", "unrecorded"), "precision": entry.meta.get("precision", "fp32")}
+    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors,
+                          made_by)
 
 
 def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
     info = model_info(model)
     entry, computed = bank.get_or_compute(
         bank.embeddings_rel(info.key, task.grid_hash),
-        lambda: embedding_record(info, task, *grid_forward(model, task, batch_size, progress)))
+        lambda: embedding_record(info, task, *grid_forward(model, task, batch_size, progress), device=model.device))
     return grid_embeddings(entry, task, computed)

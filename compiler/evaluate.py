@@ -10,6 +10,7 @@ from ..targets.base import DualEncoder
 from .. import targets
 
 from .bank import TaskRecord
+from .compute import Compute, autocast
 from .descriptor import class_embeddings, normalise
 from .embed import embed_probe_files
 from ..errors import InputError
@@ -35,7 +36,8 @@ def resolve_model(model: str) -> tuple[str, Path]:
 def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
                        progress: bool = True) -> dict:
     pairs = labelled_files(data_dir, task.classes)
-    class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))
+    with autocast(encoder):
+        class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))
     inputs = embed_probe_files(encoder, [p for p, _ in pairs], batch_size, "eval", progress)
     predictions = (normalise(inputs.double()) @ class_rows.T).argmax(dim=1)
     labels = torch.tensor([label for _, label in pairs])
@@ -46,6 +48,8 @@ def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, b
             "total": len(pairs), "per_class": per_class}
 
 
-def evaluate(model: str, task: TaskRecord, data_dir: Path, batch_size: int = 64, progress: bool = True) -> dict:
+def evaluate(model: str, task: TaskRecord, data_dir: Path, batch_size: int = 64, progress: bool = True,
+             compute: Compute = Compute()) -> dict:
     ref, base = resolve_model(model)
-    return {"model": model, **zero_shot_accuracy(targets.load(ref, base), task, data_dir, batch_size, progress)}
+    encoder = compute.place(targets.load(ref, base))
+    return {"model": model, **zero_shot_accuracy(encoder, task, data_dir, batch_size, progress)}

@@ -15,7 +15,8 @@ from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .fsio import staged_directory
 from .labelled import labelled_files
-from .lora import attach_lora, default_device, device_name, train
+from .compute import device_label as device_name, resolve_device
+from .lora import attach_lora, train
 
 LOGIT_SCALE = 30.0
 
@@ -29,7 +30,7 @@ def finetune_lora(encoder: Family, task: TaskRecord, data_dir: Path, out_dir: Pa
     The adapter's config names `base_ref` (default: the encoder's reference) as its base model,
     not whatever folder the library happened to load it from. `dropout` (peft's lora_dropout,
     recorded in the adapter's config) regularises training and changes nothing at inference."""
-    device = device or default_device()
+    device = device or resolve_device()
     pairs = labelled_files(data_dir, task.classes)
     inputs = batch_to(encoder.load_inputs([p for p, _ in pairs]), device)
     labels = torch.tensor([label for _, label in pairs], device=device)

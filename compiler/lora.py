@@ -13,16 +13,6 @@ from ..targets.base import Trainable
 from ..errors import InputError
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def device_name(device: torch.device) -> str:
-    """What a record says it was trained on: 'cpu', or 'cuda: <the GPU's name>'."""
-    device = torch.device(device)
-    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
-
-
 def check_lora_dropout(encoder: Trainable, dropout: float) -> None:
     """Refuse a LoRA dropout rate the encoder's adapter cannot take, before any training."""
     if not 0 <= dropout < 1:

@@ -13,9 +13,10 @@ from pathlib import Path
 from .bank import Bank, default_bank_dir
 
 
-def _flag(flag: str, kind: str, help: str) -> dict:
-    """kind: "path", "count" (an integer >= 1), "switch" (on when given), "negated" (off when given)."""
-    return {"flag": flag, "kind": kind, "help": help}
+def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dict:
+    """kind: "path", "count" (an integer >= 1), "text", "choice" (one of `choices`), "switch" (on
+    when given), "negated" (off when given)."""
+    return {"flag": flag, "kind": kind, "help": help, "choices": choices}
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,18 @@ class Options:
     locked: bool = field(default=False, metadata=_flag(
         "--locked", "switch", "Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); "
                               "never update it."))
+    device: str = field(default="auto", metadata=_flag(
+        "--device", "text", "Where forward passes run: auto (a GPU when there is one), cpu, cuda or cuda:N. "
+                            "Verification and export run on the CPU."))
+    precision: str = field(default="fp32", metadata=_flag(
+        "--precision", "choice", "Precision of embedding passes; bf16 and fp16 entries are cached apart from fp32.",
+        ("fp32", "bf16", "fp16")))
     progress: bool = True  # progress bars on stderr (tqdm hides them off a terminal); no flag
+
+    def compute(self):
+        from .compute import Compute  # torch: not imported by commands that only read the bank
+
+        return Compute(self.device, self.precision)
 
     def open_bank(self, recipe_bank: Path | None = None) -> Bank:
         return Bank(self.bank or recipe_bank or default_bank_dir())

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from .bank import Bank, TaskRecord
+from .compute import Compute
 from .bankfill import SourceSpec, same_source
 from .embed import ModelInfo, embedding_record, grid_embeddings
 from ..errors import PtcError
@@ -30,25 +31,25 @@ _WORKER_MODELS: dict[tuple, object] = {}  # per worker process: models loaded on
 CRASH_ONCE_ENV = "PTC_RAY_CRASH_ONCE"
 
 
-def _worker_model(ref: str, finetuned: str | None, base_dir: str):
+def _worker_model(ref: str, finetuned: str | None, base_dir: str, compute: Compute):
     from .. import targets
 
     from .sources import load_finetuned
 
-    key = (ref, finetuned, base_dir)
+    key = (ref, finetuned, base_dir, compute)
     if key not in _WORKER_MODELS:
-        model = targets.load(ref, Path(base_dir))
-        _WORKER_MODELS[key] = load_finetuned(model, finetuned, Path(base_dir)) if finetuned else model
+        model = compute.place(targets.load(ref, Path(base_dir)))
+        _WORKER_MODELS[key] = load_finetuned(model, finetuned, Path(base_dir), compute) if finetuned else model
     return _WORKER_MODELS[key]
 
 
 def _embed_job(ref: str, finetuned: str | None, base_dir: str, task: TaskRecord, bank_root: str,
-               batch_size: int, threads: int, crash_marker: str | None):
+               batch_size: int, threads: int, crash_marker: str | None, compute: Compute):
     """Forward passes of one (model, grid) pair unless the bank has them: (info, tensors or None)."""
     from .embed import grid_forward, model_info
 
     torch.set_num_threads(threads)
-    model = _worker_model(ref, finetuned, base_dir)
+    model = _worker_model(ref, finetuned, base_dir, compute)
     info = model_info(model)
     bank = Bank(Path(bank_root))
     if bank.read_entry(bank.embeddings_rel(info.key, task.grid_hash)) is not None:
@@ -57,7 +58,7 @@ def _embed_job(ref: str, finetuned: str | None, base_dir: str, task: TaskRecord,
     if crash_marker and not os.path.exists(crash_marker):
         Path(crash_marker).touch()
         os._exit(1)
-    return info, result
+    return info, (*result, model.device)
 
 
 def _factorize_job(inputs, class_rows, regressors, threads: int):
@@ -95,7 +96,8 @@ def _start(address: str):
 
 
 def fill_bank_on_ray(bank: Bank, sources: list[SourceSpec], target_refs: list[str], ridge: float,
-                     base_dir: Path, batch_size: int, progress: bool, address: str) -> Counter:
+                     base_dir: Path, batch_size: int, progress: bool, address: str,
+                     compute: Compute = Compute()) -> Counter:
     ray = _start(address)
     threads, marker, base = torch.get_num_threads(), os.environ.get(CRASH_ONCE_ENV), str(base_dir)
     embed = ray.remote(max_retries=3)(_embed_job)
@@ -107,15 +109,15 @@ def fill_bank_on_ray(bank: Bank, sources: list[SourceSpec], target_refs: list[st
     jobs = [(s.pre, None, task) for s, task in todo] + [(s.pre, s.finetuned[task], task) for s, task in todo]
     jobs += [(ref, None, name) for ref in target_refs for name in task_names]
     records = {name: bank.task(name) for name in task_names}
-    results = _gather(ray, [embed.remote(ref, ft, base, records[name], str(bank.root), batch_size, threads, marker)
-                            for ref, ft, name in jobs], "forward passes", progress)
+    results = _gather(ray, [embed.remote(ref, ft, base, records[name], str(bank.root), batch_size, threads, marker,
+                                         compute) for ref, ft, name in jobs], "forward passes", progress)
     infos: dict[tuple, ModelInfo] = {}
     for (ref, ft, name), (info, tensors) in zip(jobs, results):
         infos[(ref, ft, name)] = info
         if tensors is not None:
             rel = bank.embeddings_rel(info.key, records[name].grid_hash)
             counts["embeddings_computed"] += bank.get_or_compute(
-                rel, lambda: embedding_record(info, records[name], *tensors))[1]
+                rel, lambda: embedding_record(info, records[name], *tensors[:3], device=tensors[3]))[1]
     for s, name in todo:  # descriptors, in the in-process order
         task, pre, post = records[name], infos[(s.pre, None, name)], infos[(s.pre, s.finetuned[name], name)]
         check_pair(pre, post, s.pre, s.finetuned[name])

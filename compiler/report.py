@@ -27,6 +27,7 @@ class BuildReport:
     precision: list[str]
     triton_models: list[str]
     onnx_files: list[str]
+    embeddings: dict              # per grid: the device and precision that made the target's embeddings
     run: dict = field(default_factory=dict)  # run.json: cache counts, timings, peak RSS
     recipe_lock: dict | None = None          # what the build did to RECIPE.lock
     out_dir: Path | None = None              # where it was written; None with --no-export
@@ -38,7 +39,7 @@ class BuildReport:
                 **self.route_report, "verify": self.verify, "strength": self.strength,
                 "certificate": self.certificate, "evaluation": self.evaluation, "lock_hash": self.lock_hash,
                 "formats": self.formats, "precision": self.precision, "triton_models": self.triton_models,
-                "onnx_files": self.onnx_files}
+                "onnx_files": self.onnx_files, "embeddings": self.embeddings}
 
     def summary_lines(self) -> list[str]:
         """What `ptc build` prints: verification, strengths, certificate, accuracy, where it went."""

@@ -25,7 +25,6 @@ from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
 from .embed import GridEmbeddings, embed_probe_files
 from ..hashing import tensors_sha256
-from .lora import default_device
 from .operators import ensure_factors, ensure_operator
 from .options import Options
 from .plan import Plan
@@ -57,6 +56,7 @@ class Check:
 
     paths: list[Path]
     batch: Batch
+    base: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the target's (z, R) of them, if cached
 
 
 @dataclass
@@ -133,7 +133,8 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
         check_outputs = edited.embed_inputs(check.batch)
-        diff = embedding_equivalence(target.embed_for_edit(check.batch), check_outputs, edit)
+        base = check.base if check.base is not None else target.embed_for_edit(check.batch)
+        diff = embedding_equivalence(base, check_outputs, edit)
         require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
     # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
     grid_inputs = {name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()}
@@ -148,7 +149,7 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
 
 def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridEmbeddings],
              check: Check, run: Run, options: Options) -> Edit:
-    cfg, device = plan_.recipe.adapter, default_device()
+    cfg, device = plan_.recipe.adapter, options.compute().resolved()
     goals = grid_goals(plan_, grids)
     with run.stage("adapter_inputs"):
         fit_goals = []

@@ -18,6 +18,7 @@ r = z (Phi = F, E = A); a SigLIP head edit has r = [u; 1] (E = [dW2 db2]).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -58,11 +59,25 @@ def edited_embeddings(input_embeddings: torch.Tensor, regressors: torch.Tensor |
     return z + (z if regressors is None else regressors.double()) @ edit.double().T
 
 
+@contextmanager
+def single_thread():
+    """LAPACK's SVD of a few-hundred-wide matrix gains nothing from a second thread and, on a
+    machine whose other cores are busy, its threads wait on each other: measured 2.6 s with one
+    thread against 30 s with two. It runs on one, whatever torch's setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def factorize(input_embeddings: torch.Tensor, class_rows: torch.Tensor,
               regressors: torch.Tensor | None = None) -> GridFactors:
     """SVDs of the regressor rows Phi (F by default) and class rows G, in float64."""
-    u_f, s_f, vh_f = torch.linalg.svd(edit_regressors(input_embeddings, regressors), full_matrices=False)
-    u_g, s_g, vh_g = torch.linalg.svd(class_rows.double(), full_matrices=False)
+    with single_thread():
+        u_f, s_f, vh_f = torch.linalg.svd(edit_regressors(input_embeddings, regressors), full_matrices=False)
+        u_g, s_g, vh_g = torch.linalg.svd(class_rows.double(), full_matrices=False)
     return GridFactors(u_f, s_f, vh_f.T.contiguous(), u_g, s_g, vh_g.T.contiguous())
 
 

@@ -8,6 +8,7 @@ from ..targets.base import DualEncoder
 from .. import targets
 
 from .bank import Bank, Entry, TaskRecord
+from .compute import Compute
 from .descriptor import affinity, task_descriptor
 from .embed import GridEmbeddings, ModelInfo, check_grid_unchanged, embed_grid, model_info
 from ..errors import ModelError
@@ -26,11 +27,11 @@ def _finetuned_ref(source_ref: str, finetuned: str, base_dir: Path) -> tuple[Pat
     return None, f"{scheme}:{finetuned}"
 
 
-def load_finetuned(source: DualEncoder, finetuned: str, base_dir: Path) -> DualEncoder:
+def load_finetuned(source: DualEncoder, finetuned: str, base_dir: Path, compute: Compute = Compute()) -> DualEncoder:
     """A peft adapter folder (merged into a copy of `source`), a scheme reference, or a bare
-    full-checkpoint folder (read with the source's scheme)."""
+    full-checkpoint folder (read with the source's scheme); placed as `compute` says."""
     adapter, ref = _finetuned_ref(source.ref, finetuned, base_dir)
-    return source.with_adapter(adapter) if adapter else targets.load(ref, base_dir)
+    return compute.place(source.with_adapter(adapter) if adapter else targets.load(ref, base_dir))
 
 
 def check_finetuned(source_ref: str, finetuned: str, base_dir: Path) -> str:
@@ -67,20 +68,20 @@ def descriptor_record(task: TaskRecord, descriptor_id: str, source_ref: str, fin
             "source_input_fingerprint": source.input_fingerprint,
             "finetuned_input_fingerprint": finetuned.input_fingerprint,
             "text_fingerprint": source.text_fingerprint, "finetuned_text_fingerprint": finetuned.text_fingerprint,
-            "norm": float(utd.norm()), "shape": list(utd.shape)}
+            "norm": float(utd.norm()), "shape": list(utd.shape), "precision": source.precision}
     return {"utd": utd, "source_affinity": source_affinity}, meta
 
 
 def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: str,
                    descriptor_id: str, base_dir: Path = Path("."), batch_size: int = 64,
-                   progress: bool = True, source=None) -> Entry:
+                   progress: bool = True, source=None, compute: Compute = Compute()) -> Entry:
     """Embed the task's grid with the source and its fine-tune and store UTD = S_ft - S_pre.
-    `source` may be passed already loaded (bulk fills load each source once)."""
+    `source` may be passed already loaded and placed (bulk fills load each source once)."""
     task = bank.task(task_name)
     check_name("descriptor", descriptor_id)
     check_grid_unchanged(task)  # bad input is reported before any weights load
-    source = source or targets.load(source_ref, base_dir)
-    finetuned = load_finetuned(source, finetuned_ref, base_dir)
+    source = source or compute.place(targets.load(source_ref, base_dir))
+    finetuned = load_finetuned(source, finetuned_ref, base_dir, compute)
     check_pair(model_info(source), model_info(finetuned), source_ref, finetuned_ref)
     pre = embed_grid(source, task, bank, batch_size, progress)
     post = embed_grid(finetuned, task, bank, batch_size, progress)

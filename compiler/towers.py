@@ -28,6 +28,8 @@ import torch
 from ..targets.base import OnnxTower
 
 from . import __version__
+from ..errors import BankError
+from .bank import Bank
 from .fsio import file_lock
 
 # protobuf refuses messages over 2 GiB; the graph itself needs room beside the weights.
@@ -70,28 +72,42 @@ def export_key(model_key: str, tower: OnnxTower) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_base(cache_root: Path, key: str, tower: OnnxTower) -> Path:
-    """The base tower's graph in the cache, exported (stack traces stripped) on first use.
-    Concurrent builds export it once: the second waits on the lock and finds it written."""
+def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
+    """The base tower's graph in the bank, exported (stack traces stripped) on first use and
+    sealed with its files' hashes, which every use checks. Concurrent builds export it once:
+    the second waits on the lock and finds it written."""
     from .export import export_onnx, load_stripped
 
-    path = cache_root / "exports" / key / f"{tower.name}.onnx"
-    if path.is_file():
+    path = bank.export_folder(key) / f"{tower.name}.onnx"
+    if _intact(bank, key, tower.name):
         return path
-    with file_lock(cache_root / ".locks" / f"export-{key}-{tower.name}.lock"):
-        if path.is_file():
+    bank.prepare_export(key)
+    with file_lock(bank.root / ".locks" / f"export-{key}-{tower.name}.lock"):
+        if _intact(bank, key, tower.name):
             return path
-        scratch = cache_root / ".tmp"
-        scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=scratch, prefix=f".export-{key}.{os.getpid()}.") as folder:
+        bank.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}.") as folder:
             exported = Path(folder) / "exported" / path.name
             export_onnx(tower, exported)
             written = Path(folder) / path.name
             save_onnx(load_stripped(exported), written, tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
             path.parent.mkdir(parents=True, exist_ok=True)
-            for file in reversed(onnx_files(written)):  # the graph last: its presence means complete
+            for file in reversed(onnx_files(written)):
                 os.replace(file, path.parent / file.name)
+        bank.seal_export(key, tower.name, onnx_files(path))  # the record last: its presence means complete
     return path
+
+
+def _intact(bank: Bank, key: str, tower: str) -> bool:
+    """True for a complete, intact export; False for none (or one a crash left unsealed); a
+    sealed export that no longer matches its record is a BankError, as any damaged entry."""
+    problem = bank.export_problem(key, tower)
+    if problem is None:
+        return True
+    if (bank.export_folder(key) / f"{tower}.json").exists():
+        raise BankError(problem, f"delete {bank.export_folder(key)} (the next build exports it again), "
+                                 f"or run `ptc bank verify --bank {bank.root}`")
+    return False
 
 
 def changed_tensors(base: torch.nn.Module, edited: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -159,7 +175,7 @@ def _copies(model, values: np.ndarray) -> list[tuple[object, bool]] | None:
     return found
 
 
-def write_tower(cache_root: Path, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path,
+def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path,
                 provenance: dict) -> str:
     """The edited tower's graph at `path`, with provenance in its metadata, written once; returns
     how: "reused" (nothing changed), "patched" (initializers replaced) or "exported" (fresh)."""
@@ -167,10 +183,12 @@ def write_tower(cache_root: Path, model_key: str, base: OnnxTower, edited: OnnxT
 
     import onnx
 
-    changed = changed_tensors(base.module, edited.module)
     external = tower_bytes(edited.module) > EXTERNAL_DATA_BYTES
-    model = onnx.load(str(cached_base(cache_root, export_key(model_key, base), base)))
-    patched = patch_initializers(model, changed)
+    try:
+        model = onnx.load(str(cached_base(bank, export_key(model_key, base), base)))
+        patched = patch_initializers(model, changed_tensors(base.module, edited.module))
+    except PermissionError:  # a bank shared read-only: no cache, every build exports afresh
+        patched = None
     how = "patched" if patched else "reused"
     if patched is None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,23 @@ def batch_len(batch: Batch) -> int:
     return len(next(iter(batch.values())))
 
 
+class OnDevice:
+    """`device` and `to_device` of a family that holds its torch module as `self.model`, and
+    `here`: a batch moved to where the module is."""
+
+    model: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to_device(self, device: torch.device) -> None:
+        self.model.to(device)
+
+    def here(self, batch: Batch) -> Batch:
+        return batch_to(batch, self.device)
+
+
 @dataclass(frozen=True)
 class OnnxTower:
     """A tower ready for export: an eval-mode module, example inputs (batch >= 2) in input
@@ -82,6 +99,13 @@ class DualEncoder(Protocol):
 
     def with_edit(self, edit: torch.Tensor) -> "DualEncoder":
         """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where its forward passes run; embeddings always come back on the CPU."""
+
+    def to_device(self, device: torch.device) -> None:
+        """Move its weights to `device` (a copy made by with_edit shares them, so moves too)."""
 
 
 @runtime_checkable

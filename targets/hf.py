@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from ..errors import ModelError, ModelNotFound
 
 from . import HF_MODEL_TYPES, register_scheme
-from .base import OnnxTower, fingerprint_tensors, merge_adapter
+from .base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
 from .shipped_code import refuse_shipped_code
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
@@ -90,7 +90,7 @@ def check(rest: str, base_dir: Path) -> str:
 register_scheme("hf", load, check)
 
 
-class HFDualEncoder:
+class HFDualEncoder(OnDevice):
     """What every transformers dual encoder shares: loading from a save_pretrained folder
     (weights, tokenizer, processor), fingerprints over named parameter prefixes, peft merges
     and native saves. A family subclass says which model class it loads, which parameters
@@ -155,8 +155,8 @@ class HFDualEncoder:
 
     @torch.inference_mode()
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
-        tokens = self._tokenize(prompts)
-        return self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float()
+        tokens = self.here(dict(self._tokenize(prompts)))
+        return self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float().cpu()
 
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         tokens = self._tokenize(prompts)

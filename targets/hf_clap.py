@@ -75,7 +75,7 @@ class HFClap(HFDualEncoder):
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
-        return _audio_embedding(self.model, batch).float()
+        return _audio_embedding(self.model, self.here(batch)).float().cpu()
 
     # -- edits --------------------------------------------------------------------------------
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:

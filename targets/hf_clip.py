@@ -51,7 +51,7 @@ class HFClip(HFDualEncoder):
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
-        return _pooled(self.model.get_image_features(pixel_values=batch["pixel_values"])).float()
+        return _pooled(self.model.get_image_features(**self.here(batch))).float().cpu()
 
     # -- edits --------------------------------------------------------------------------------
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -70,7 +70,7 @@ class HFSiglip(HFDualEncoder):
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
-        return self.model.get_image_features(**batch).pooler_output.float()
+        return self.model.get_image_features(**self.here(batch)).pooler_output.float().cpu()
 
     @torch.inference_mode()
     def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,10 +78,10 @@ class HFSiglip(HFDualEncoder):
         hook = self.model.vision_model.head.mlp.fc2.register_forward_hook(
             lambda _module, args, _out: captured.append(args[0]))
         try:
-            z = self.model.get_image_features(**batch).pooler_output.float()
+            z = self.model.get_image_features(**self.here(batch)).pooler_output.float().cpu()
         finally:
             hook.remove()
-        u = captured[0][:, 0].float()  # the head runs on its one probe token
+        u = captured[0][:, 0].float().cpu()  # the head runs on its one probe token
         return z, torch.cat([u, torch.ones(len(u), 1)], dim=1)
 
     # -- edits --------------------------------------------------------------------------------

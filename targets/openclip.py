@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from ..errors import ModelError, ModelNotFound
 
 from . import register_scheme
-from .base import (Batch, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
+from .base import (Batch, OnDevice, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
                    merge_adapter, open_images)
 from .hf import save_tokenizer
 from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
@@ -85,7 +85,7 @@ def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
     return {"model_cfg": model_cfg, "preprocess_cfg": {}}, weights, str(weights)
 
 
-class OpenClip:
+class OpenClip(OnDevice):
     """A loaded open_clip CLIP with its tokenizer and preprocessing."""
 
     library = "open_clip"
@@ -132,14 +132,14 @@ class OpenClip:
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
-        return self.model.encode_image(batch["pixel_values"]).float()
+        return self.model.encode_image(self.here(batch)["pixel_values"]).float().cpu()
 
     def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, None]:
         return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
     @torch.inference_mode()
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
-        return self.model.encode_text(self.tokenizer(prompts)).float()
+        return self.model.encode_text(self.tokenizer(prompts).to(self.device)).float().cpu()
 
     # -- identity -----------------------------------------------------------------------------
     def _state(self, visual: bool) -> dict[str, torch.Tensor]:

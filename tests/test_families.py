@@ -61,9 +61,17 @@ def test_family_contract(family, tmp_path, request):
     assert encoder.embed_prompts(["a red thing.", "a photo of a blue circle shape."]).shape == (2, encoder.embed_dim)
     edit = torch.randn(encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0),
                        dtype=torch.float64) * 0.05
+    before = {name: t.clone() for name, t in encoder.model.state_dict().items()}
     edited = encoder.with_edit(edit)
     expected = z.double() + rows.double() @ edit.T  # the protocol's promise, computed here by hand
     assert (edited.embed_inputs(batch).double() - expected).abs().max() < 1e-5
+    # The edit copies only what it changes: every other tensor is the base model's own, and the
+    # base model is left as it was.
+    base_tensors, edited_tensors = encoder.model.state_dict(), edited.model.state_dict()
+    own = [name for name, t in edited_tensors.items() if t.data_ptr() != base_tensors[name].data_ptr()]
+    assert 1 <= len(own) <= 2 and any(not torch.equal(edited_tensors[n], base_tensors[n]) for n in own), own
+    assert all(torch.equal(t, before[name]) for name, t in base_tensors.items())
+    assert torch.equal(encoder.embed_inputs(batch), z)
     assert edited.text_fingerprint() == encoder.text_fingerprint()       # the edit leaves text alone
     assert edited.input_fingerprint() != encoder.input_fingerprint()
     saved = edited.save_native(tmp_path / "saved")

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ptc.targets.base import Batch, batch_len, batch_rows, batch_to
 
 from ptc.compiler.descriptor import normalise
-from ptc.compiler.lora import default_device, device_name
+from ptc.compiler.compute import device_label as device_name, resolve_device
 from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
@@ -58,7 +58,7 @@ def pretrain(encoder, inputs: Batch, captions: list[str], config: PretrainConfig
     figures). Deterministic under `config.seed` on a given device."""
     if batch_len(inputs) != len(captions) or not captions:
         raise ValueError(f"{batch_len(inputs)} inputs but {len(captions)} captions")
-    device = device or default_device()
+    device = device or resolve_device()
     torch.manual_seed(config.seed)
     module = encoder.trainable().to(device).train()  # train: batch norm (ResNet towers) learns its statistics
     kind = encoder.contrastive_loss

@@ -1,0 +1,238 @@
+"""`ptc bench --size vit-b16`: a build at a real architecture's size, against its floors.
+
+The target is a random-weight transformers CLIPModel of the named public architecture with the
+real CLIP tokenizer (lab/real_size.py); the source is a real architecture of another size with
+a random rank-4 LoRA as its fine-tune. Everything runs as a user runs it, through the `ptc`
+command, and every figure is a ratio of two things measured here, in this run:
+
+- cold build (empty embedding and export caches) over its forward floor: the bare forward
+  passes over the grid's probes and prompts that no build can avoid;
+- warm rebuild (a new strength: nothing to embed or solve, one matrix changes) over its own
+  floor: loading the target, writing the output's bytes, and the verification passes it must
+  run (the check batch through the edited model, its ONNX graph and the reloaded checkpoint);
+- each build's peak resident memory over the target checkpoint's bytes;
+- the edited ONNX tower against a fresh export of the edited model (largest output difference),
+  and the edited graph's latency over the base graph's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+# size name: (target architecture, source architecture, probes, classes)
+SIZES = {
+    "vit-b16": ("vit-b16", "vit-b32", 384, 50),
+    "vit-l14": ("vit-l14", "vit-b16", 256, 50),
+}
+TEMPLATES = ["a photo of a {}.", "an image of {}."]
+GOALS = {"cold_build_ratio": 1.25, "warm_rebuild_seconds": 15.0, "warm_rebuild_ratio": 2.0,
+         "peak_rss_over_model_bytes": 2.5, "export_max_abs_diff": 1e-6}
+
+
+def _write_task(folder: Path, probes: int, classes: int, image_size: int = 224) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (folder / "probes").mkdir(parents=True, exist_ok=True)
+    for i in range(probes):
+        Image.fromarray(rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)).save(
+            folder / "probes" / f"{i:05d}.png")
+    spec = {"name": "bench", "probes": "probes", "classes": [f"object {c}" for c in range(classes)],
+            "templates": TEMPLATES}
+    (folder / "task.yaml").write_text(yaml.safe_dump(spec))
+    return folder / "task.yaml"
+
+
+def _run_with_rss(args: list[str]) -> tuple[float, int, str]:
+    start = time.perf_counter()
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_chunks = process.stdout.read(), process.stderr.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        raise RuntimeError(f"{' '.join(args[2:])} failed ({code}): {out_chunks[1].decode()[-2000:]}")
+    return seconds, usage.ru_maxrss * 1024, out_chunks[0].decode()
+
+
+def ptc(*args: str) -> dict:
+    seconds, rss, out = _run_with_rss([sys.executable, "-m", "ptc.compiler.cli", *args])
+    return {"seconds": seconds, "peak_rss_bytes": rss, "stdout": out}
+
+
+def _recipe(path: Path, target: Path, bank: Path, weight: float) -> Path:
+    spec = {"target": f"hf:{target}", "bank": str(bank), "terms": [{"task": "bench", "source": "source",
+                                                                     "weight": weight}],
+            "export": {"out": "out", "formats": ["onnx", "safetensors"]}}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _forward_floor(target_ref: str, task_file: Path, batch_size: int = 64) -> float:
+    """The grid's forward passes alone: probes (decoded beforehand) and prompts, batch as built."""
+    from ptc import targets
+
+    spec = yaml.safe_load(task_file.read_text())
+    paths = sorted((task_file.parent / "probes").glob("*.png"))
+    prompts = [t.format(c) for c in spec["classes"] for t in spec["templates"]]
+    model = targets.load(target_ref)
+    batches = [model.load_inputs(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
+    start = time.perf_counter()
+    for batch in batches:
+        model.embed_inputs(batch)
+    model.embed_prompts(prompts)
+    return time.perf_counter() - start
+
+
+def _own_floor(target_ref: str, out: Path, check_inputs: int) -> dict:
+    """What a warm rebuild cannot avoid: loading the target, writing the output's bytes, and one
+    pass of the check batch through the edited model, its ONNX graph and (4 inputs) the reload."""
+    from ptc import targets
+    from ptc.compiler.export import run_onnx
+
+    parts = {}
+    start = time.perf_counter()
+    model = targets.load(target_ref)
+    parts["load"] = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    chunk = os.urandom(1 << 24)
+    with tempfile.NamedTemporaryFile(dir=out.parent) as handle:
+        start = time.perf_counter()
+        for _ in range(size // len(chunk) + 1):
+            handle.write(chunk)
+        handle.flush()
+        os.fsync(handle.fileno())
+        parts["write_outputs"] = time.perf_counter() - start
+    paths = sorted(out.parent.glob("task/probes/*.png"))[:check_inputs]
+    batch = model.load_inputs(paths)
+    start = time.perf_counter()
+    model.embed_inputs(batch)
+    parts["check_torch"] = time.perf_counter() - start
+    start = time.perf_counter()
+    run_onnx(out / "onnx" / "vision_model.onnx", batch)
+    parts["check_onnx"] = time.perf_counter() - start
+    start = time.perf_counter()
+    model.embed_inputs({k: v[:4] for k, v in batch.items()})
+    parts["check_reload"] = time.perf_counter() - start
+    return {"seconds": sum(parts.values()), "parts": parts, "output_bytes": size}
+
+
+def _export_check(out: Path, bank: Path, probes: list[Path]) -> dict:
+    """The shipped (patched) vision graph against a fresh export of the edited checkpoint, and
+    its latency against the base graph's."""
+    from ptc import targets
+    from ptc.compiler.export import export_onnx, run_onnx
+
+    edited = targets.load(f"hf:{out / 'model'}")
+    batch = edited.load_inputs(probes[:8])
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        export_onnx(edited.onnx_towers()[0], Path(folder) / "fresh.onnx")
+        fresh_seconds = time.perf_counter() - start
+        fresh, _ = run_onnx(Path(folder) / "fresh.onnx", batch)
+    shipped, _ = run_onnx(out / "onnx" / "vision_model.onnx", batch)
+    base = next(bank.glob("exports/*/vision_model.onnx"))
+    return {"max_abs_diff_vs_fresh_export": float(np.abs(shipped - fresh).max()),
+            "fresh_export_seconds": fresh_seconds,
+            "edited_over_base_latency": _latency(out / "onnx" / "vision_model.onnx", batch) / _latency(base, batch)}
+
+
+def _latency(path: Path, batch, repeats: int = 5) -> float:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {k: v.numpy() for k, v in batch.items()}
+    session.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _adapter(source: Path, folder: Path) -> Path:
+    from ptc import targets
+    from ptc.lab.benchmarks.suite import _random_adapter
+
+    return _random_adapter(targets.load(f"hf:{source}"), folder, seed=1)
+
+
+def run(size_name: str, echo=print) -> dict:
+    from ptc.lab.real_size import build_clip
+
+    target_arch, source_arch, probes, classes = SIZES[size_name]
+    with tempfile.TemporaryDirectory(prefix="ptc-bench-") as folder:
+        root = Path(folder)
+        echo(f"building {target_arch} target and {source_arch} source (random weights, real configs)")
+        target = build_clip(root / "target", target_arch, seed=0)
+        source = build_clip(root / "source", source_arch, seed=1)
+        adapter = _adapter(source, root / "source-lora")
+        task_file = _write_task(root / "task", probes, classes)
+        bank = root / "bank"
+        ptc("task", "add", str(task_file), "--bank", str(bank))
+        echo(f"descriptor: {probes} probes x {classes * len(TEMPLATES)} prompts through the source and its fine-tune")
+        descriptor = ptc("descriptor", "add", "--task", "bench", "--source", f"hf:{source}",
+                         "--finetuned", str(adapter), "--id", "source", "--bank", str(bank))
+        echo("forward floor")
+        floor = _forward_floor(f"hf:{target}", task_file)
+        recipe = _recipe(root / "recipe.yaml", target, bank, 1.0)
+        echo("cold build")
+        cold = ptc("build", str(recipe))
+        _recipe(recipe, target, bank, 0.5)
+        echo("warm rebuild")
+        warm = ptc("build", str(recipe), "--force")
+        run_record = json.loads((root / "out" / "run.json").read_text())
+        report = json.loads((root / "out" / "report.json").read_text())
+        own = _own_floor(f"hf:{target}", root / "out", report["verify"]["equivalence"]["check_inputs"])
+        echo("fresh export of the edited model")
+        export = _export_check(root / "out", bank, sorted((root / "task" / "probes").glob("*.png")))
+        model_bytes = (target / "model.safetensors").stat().st_size
+    return {
+        "machine": machine(), "size": size_name, "target": target_arch, "source": source_arch,
+        "probes": probes, "prompts": classes * len(TEMPLATES), "model_bytes": model_bytes,
+        "forward_floor_seconds": floor, "descriptor_add_seconds": descriptor["seconds"],
+        "cold_build": {"seconds": cold["seconds"], "ratio_to_forward_floor": cold["seconds"] / floor,
+                       "peak_rss_bytes": cold["peak_rss_bytes"]},
+        "warm_rebuild": {"seconds": warm["seconds"], "own_floor_seconds": own["seconds"],
+                         "own_floor_parts": own["parts"], "ratio_to_own_floor": warm["seconds"] / own["seconds"],
+                         "output_bytes": own["output_bytes"], "peak_rss_bytes": warm["peak_rss_bytes"],
+                         "stages": run_record["timings"], "cache": run_record["cache"]},
+        "peak_rss_over_model_bytes": max(cold["peak_rss_bytes"], warm["peak_rss_bytes"]) / model_bytes,
+        "export": export, "goals": GOALS,
+        "verification": report["verify"]["equivalence"],
+    }
+
+
+def machine() -> dict:
+    return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def summary_rows(results: dict) -> list[tuple[str, str, str]]:
+    cold, warm, export = results["cold_build"], results["warm_rebuild"], results["export"]
+    return [
+        ("cold build / forward floor", f"{cold['ratio_to_forward_floor']:.2f}x "
+         f"({cold['seconds']:.1f} s / {results['forward_floor_seconds']:.1f} s)", f"<= {GOALS['cold_build_ratio']}x"),
+        ("warm rebuild", f"{warm['seconds']:.1f} s", f"<= {GOALS['warm_rebuild_seconds']:.0f} s"),
+        ("warm rebuild / own floor", f"{warm['ratio_to_own_floor']:.2f}x ({warm['own_floor_seconds']:.1f} s)",
+         f"<= {GOALS['warm_rebuild_ratio']}x"),
+        ("peak RSS / model bytes", f"{results['peak_rss_over_model_bytes']:.2f}x "
+         f"({results['model_bytes'] / 1e6:.0f} MB model)", f"<= {GOALS['peak_rss_over_model_bytes']}x"),
+        ("patched ONNX vs fresh export", f"{export['max_abs_diff_vs_fresh_export']:.1e} max abs",
+         f"<= {GOALS['export_max_abs_diff']:.0e}"),
+        ("edited / base ONNX latency", f"{export['edited_over_base_latency']:.2f}x", "~1.0x"),
+    ]
