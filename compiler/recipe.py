@@ -167,7 +167,7 @@ class Verify(_Strict):
     # Relative descriptor residual ||S_edit - S_pre - sum w U|| / ||sum w U|| per grid; None
     # reports it without a limit.
     max_descriptor_residual: float | None = None
-    check_inputs: int = pydantic.Field(default=16, ge=2, le=4096)
+    check_inputs: int = pydantic.Field(default=8, ge=2, le=4096)
     # The composition certificate (compiler/certify.py) per task: a folder of inputs (labels
     # not needed, relative to the recipe). The build fails if a certified prediction changes.
     certify: dict[str, PathText] = {}

@@ -121,84 +121,105 @@ def changed_tensors(base: torch.nn.Module, edited: torch.nn.Module) -> dict[str,
             if name not in before or tensor is not before[name]}
 
 
-def patch_initializers(model, changed: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> int | None:
-    """Write each changed tensor into the graph in place; return how many initializers changed.
-
-    A tensor is found under its own name, else by value: the exporter stores some weights
-    pre-transposed under a generated name (SigLIP's head MLP). One the graph does not hold at
-    all (the image projection, in the text tower's graph) is unused by it. None, the graph
-    untouched, where that cannot be told (another shape or other bytes under its name, or
-    values so uniform that matching them by value would be a guess)."""
-    from onnx import numpy_helper
-
-    by_name = {init.name: init for init in model.graph.initializer}
-    updates = []
-    for name, (before, after) in changed.items():
-        old = before.detach().cpu().numpy()
-        new = np.ascontiguousarray(after.detach().cpu().numpy())
-        init = by_name.get(name)
-        if init is not None:
-            held = numpy_helper.to_array(init)
-            if held.shape != old.shape or held.dtype != new.dtype or not np.array_equal(held, old):
-                return None
-            updates.append((init, new))
-            continue
-        copies = _copies(model, old)
-        if copies is None:
+def find_patches(files: list[Path], changed: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> list | None:
+    """Where the cached graph's files hold each changed tensor, and the bytes to write there:
+    [(file, offset, bytes)]. A tensor is found by its stored bytes, as they are or transposed
+    (the exporter stores some weights pre-transposed: SigLIP's head MLP), in one place, or in
+    none (then this tower does not use it: the image projection, in the text tower's graph).
+    None where a match would be a guess: values so uniform that they could be any tensor's, or
+    found in more than one place."""
+    wanted = []
+    for before, after in changed.values():
+        old, new = before.detach().cpu().contiguous(), after.detach().cpu().contiguous()
+        if torch.equal(old, new):
+            continue  # a tensor the edit rewrote with the same values (a zero bias)
+        if old.numel() <= 1 or old.dtype != new.dtype or bool((old == old.reshape(-1)[0]).all()):
             return None
-        updates.extend((init, np.ascontiguousarray(new.T) if transposed else new) for init, transposed in copies)
-    if any(not init.HasField("raw_data") for init, _ in updates):
-        return None
-    for init, value in updates:
-        init.raw_data = value.tobytes()
-    return len(updates)
+        forms = [(old, new)] + ([(old.T, new.T)] if old.ndim == 2 else [])
+        wanted.append([(_raw(a), _raw(b)) for a, b in forms])
+    needles = [old for forms in wanted for old, _ in forms]
+    found = {file: _offsets(file, needles) for file in files} if needles else {}
+    patches = []
+    for forms in wanted:
+        hits = [(file, offset, new) for old, new in forms for file in files for offset in found[file][old]]
+        if len(hits) > 1:
+            return None
+        patches += hits
+    return patches
 
 
-def _copies(model, values: np.ndarray) -> list[tuple[object, bool]] | None:
-    """Initializers holding `values` as they are or transposed: [(initializer, transposed)];
-    None where a match would be a guess (every value the same)."""
-    from onnx import numpy_helper
+def _raw(tensor: torch.Tensor) -> bytes:
+    """A tensor's bytes as ONNX stores them: row-major, little-endian (this host's order)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
-    found = []
-    for init in model.graph.initializer:
-        if int(np.prod(init.dims)) != values.size:
-            continue
-        held = numpy_helper.to_array(init)
-        if held.dtype != values.dtype:
-            continue
-        if held.shape == values.shape and np.array_equal(held, values):
-            found.append((init, False))
-        elif values.ndim == 2 and held.shape == values.T.shape and np.array_equal(held, values.T):
-            found.append((init, True))
-    if found and (values.size <= 1 or np.all(values == values.reshape(-1)[0])):
-        return None
-    return found
+
+def _offsets(path: Path, needles: list[bytes], chunk: int = 64 << 20) -> dict[bytes, list[int]]:
+    """Every offset of each needle in the file, read in chunks (a graph can be gigabytes)."""
+    offsets: dict[bytes, list[int]] = {needle: [] for needle in needles}
+    keep = max(len(n) for n in needles) - 1  # a match across two chunks is found in the next
+    with open(path, "rb") as handle:
+        tail, position = b"", 0
+        while block := handle.read(chunk):
+            data, base = tail + block, position - len(tail)
+            for needle in needles:
+                start = data.find(needle)
+                while start != -1:
+                    if base + start not in offsets[needle]:
+                        offsets[needle].append(base + start)
+                    start = data.find(needle, start + 1)
+            tail, position = data[-keep:] if keep else b"", position + len(block)
+    return offsets
 
 
 def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path,
                 provenance: dict) -> str:
     """The edited tower's graph at `path`, with provenance in its metadata, written once; returns
-    how: "reused" (nothing changed), "patched" (initializers replaced) or "exported" (fresh)."""
-    from .export import export_onnx, load_stripped, set_metadata
+    how: "reused" (nothing changed), "patched" (changed bytes replaced) or "exported" (fresh).
 
+    A patched graph is the cached one copied (a kernel copy), the changed tensors' bytes written
+    over theirs in place (same dtype and shape, so the same length), and the provenance appended
+    as a second serialized ModelProto holding only metadata_props: protobuf merges concatenated
+    messages, so every reader sees one model. Nothing is parsed or re-serialized."""
+    try:
+        cached = cached_base(bank, export_key(model_key, base), base)
+        patches = find_patches(onnx_files(cached), changed_tensors(base.module, edited.module))
+    except PermissionError:  # a bank shared read-only: no cache, every build exports afresh
+        patches = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if patches is None:
+        _export_fresh(edited, path, provenance)
+        return "exported"
+    copies = {file: path.with_name(file.name.replace(cached.name, path.name, 1)) for file in onnx_files(cached)}
+    for source, target in copies.items():
+        shutil.copyfile(source, target)
+    for file, offset, data in patches:
+        with open(copies[file], "r+b") as handle:
+            handle.seek(offset)
+            handle.write(data)
+    with open(path, "ab") as handle:
+        handle.write(_metadata_message(provenance))
+    return "patched" if patches else "reused"
+
+
+def _metadata_message(provenance: dict) -> bytes:
     import onnx
 
-    external = tower_bytes(edited.module) > EXTERNAL_DATA_BYTES
-    try:
-        model = onnx.load(str(cached_base(bank, export_key(model_key, base), base)))
-        patched = patch_initializers(model, changed_tensors(base.module, edited.module))
-    except PermissionError:  # a bank shared read-only: no cache, every build exports afresh
-        patched = None
-    how = "patched" if patched else "reused"
-    if patched is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
-            fresh = Path(folder) / path.name
-            export_onnx(edited, fresh)
-            model, how = load_stripped(fresh), "exported"
+    from .export import set_metadata
+
+    message = onnx.ModelProto()
+    set_metadata(message, provenance)
+    return message.SerializeToString()
+
+
+def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
+    from .export import export_onnx, load_stripped, set_metadata
+
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
+        fresh = Path(folder) / path.name
+        export_onnx(tower, fresh)
+        model = load_stripped(fresh)
     set_metadata(model, provenance)
-    save_onnx(model, path, external)
-    return how
+    save_onnx(model, path, tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
 
 
 def copy_onnx(source: Path, folder: Path, name: str) -> Path:

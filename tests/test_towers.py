@@ -62,22 +62,24 @@ def test_a_patched_tower_is_a_fresh_export_of_the_edited_model(family, tmp_path)
 def test_what_cannot_be_matched_is_exported_afresh(tmp_path):
     build, scheme = FAMILIES["hf-clip"]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=3)))
+    base = encoder.onnx_towers()[0]
+    cached = towers.onnx_files(towers.cached_base(Bank(tmp_path / "cache"), towers.export_key("k", base), base))
     encoder.model.visual_projection.weight.data.fill_(0.01)  # uniform: a match by value would be a guess
     base, tower = encoder.onnx_towers()[0], _edited(encoder).onnx_towers()[0]
-    bank, key = Bank(tmp_path / "cache"), towers.export_key("k", base)
-    cached = towers.cached_base(bank, key, base)
-    model = onnx.load(str(cached))
-    (projection,) = [i for i in model.graph.initializer if i.name == "model.visual_projection.weight"]
-    projection.name = "renamed_projection"  # as an exporter that names weights its own way would
-    for node in model.graph.node:
-        node.input[:] = ["renamed_projection" if n == "model.visual_projection.weight" else n for n in node.input]
-    onnx.save(model, str(cached))
-    bank.seal_export(key, "vision_model", towers.onnx_files(cached))
-    assert towers.patch_initializers(onnx.load(str(cached)), towers.changed_tensors(base.module, tower.module)) is None
-    assert towers.write_tower(Bank(tmp_path / "cache"), "k", base, tower, tmp_path / "v.onnx", {}) == "exported"
+    assert towers.find_patches(cached, towers.changed_tensors(base.module, tower.module)) is None
+    assert towers.write_tower(Bank(tmp_path / "cache2"), "k", base, tower, tmp_path / "v.onnx", {}) == "exported"
     with torch.inference_mode():
         expected = tower.module(**tower.example_inputs).numpy()
     assert np.abs(_run(tmp_path / "v.onnx", tower.example_inputs) - expected).max() < 1e-5
+    # A tensor held twice cannot be patched in one place either.
+    weight = torch.randn(4, 5)
+    twice = tmp_path / "twice.bin"
+    twice.write_bytes(b"x" * 3 + towers._raw(weight) + b"y" + towers._raw(weight.T) + b"z")
+    assert towers.find_patches([twice], {"w": (weight, weight + 1)}) is None
+    once = tmp_path / "once.bin"
+    once.write_bytes(b"x" * 3 + towers._raw(weight.T) + b"y")
+    assert towers.find_patches([once], {"w": (weight, weight + 1)}) == [(once, 3, towers._raw((weight + 1).T))]
+    assert towers._offsets(once, [towers._raw(weight.T)], chunk=7) == {towers._raw(weight.T): [3]}  # across chunks
 
 
 def test_a_damaged_export_cache_is_refused_and_ships_nothing(world, bank_copy, tmp_path):
