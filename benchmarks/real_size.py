@@ -55,21 +55,19 @@ def _write_task(folder: Path, probes: int, classes: int, image_size: int = 224) 
     return folder / "task.yaml"
 
 
-def _run_with_rss(args: list[str]) -> tuple[float, int, str]:
+def _run(args: list[str]) -> tuple[float, str]:
+    """Wall seconds and stdout of a command run as a user runs it. (Its peak memory is read from
+    the build's own run.json: wait4's maxrss keeps the parent's size at fork across exec.)"""
     start = time.perf_counter()
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out_chunks = process.stdout.read(), process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code:
-        raise RuntimeError(f"{' '.join(args[2:])} failed ({code}): {out_chunks[1].decode()[-2000:]}")
-    return seconds, usage.ru_maxrss * 1024, out_chunks[0].decode()
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(args[2:])} failed ({result.returncode}): {result.stderr[-2000:]}")
+    return time.perf_counter() - start, result.stdout
 
 
 def ptc(*args: str) -> dict:
-    seconds, rss, out = _run_with_rss([sys.executable, "-m", "ptc.compiler.cli", *args])
-    return {"seconds": seconds, "peak_rss_bytes": rss, "stdout": out}
+    seconds, out = _run([sys.executable, "-m", "ptc.compiler.cli", *args])
+    return {"seconds": seconds, "stdout": out}
 
 
 def _recipe(path: Path, target: Path, bank: Path, weight: float) -> Path:
@@ -98,13 +96,13 @@ def _forward_floor(target_ref: str, task_file: Path, batch_size: int = 64) -> fl
 
 LOAD_TARGET = "import sys; from ptc import targets; targets.load(sys.argv[1])"
 IMPORT_LIBRARIES = ("import ptc.compiler.build, ptc.compiler.cli, onnx, onnxruntime, transformers; "
-                    "from transformers import CLIPModel, CLIPTokenizer, CLIPImageProcessor")
+                    "from transformers import CLIPModel, CLIPTokenizer, CLIPImageProcessor; "
+                    "from ptc.compiler.build import _peak_rss_mb; print(_peak_rss_mb())")
 
 
-def _process(code: str, *args: str) -> tuple[float, int]:
-    """Wall seconds and peak RSS of a fresh interpreter running `code`."""
-    seconds, rss, _ = _run_with_rss([sys.executable, "-c", code, *args])
-    return seconds, rss
+def _process(code: str, *args: str) -> tuple[float, str]:
+    """Wall seconds and output of a fresh interpreter running `code`."""
+    return _run([sys.executable, "-c", code, *args])
 
 
 def _own_floor(target_ref: str, out: Path, check_inputs: int) -> dict:
@@ -202,16 +200,18 @@ def run(size_name: str, echo=print) -> dict:
         echo("cold build")
         cold = ptc("build", str(recipe))
         cold_record = json.loads((root / "out" / "run.json").read_text())
+        cold["peak_rss_bytes"] = int(cold_record["peak_rss_mb"] * 2**20)  # its own (VmHWM), not wait4's
         _recipe(recipe, target, bank, 0.5)
         echo("warm rebuild")
         warm = ptc("build", str(recipe), "--force")
         run_record = json.loads((root / "out" / "run.json").read_text())
+        warm["peak_rss_bytes"] = int(run_record["peak_rss_mb"] * 2**20)
         report = json.loads((root / "out" / "report.json").read_text())
         own = _own_floor(f"hf:{target}", root / "out", report["verify"]["equivalence"]["check_inputs"])
         echo("fresh export of the edited model")
         export = _export_check(root / "out", bank, sorted((root / "task" / "probes").glob("*.png")))
         model_bytes = (target / "model.safetensors").stat().st_size
-        libraries_rss = _process(IMPORT_LIBRARIES)[1]
+        libraries_rss = int(float(_process(IMPORT_LIBRARIES)[1].split()[-1]) * 2**20)
     return {
         "machine": machine(), "size": size_name, "target": target_arch, "source": source_arch,
         "probes": probes, "prompts": classes * len(TEMPLATES), "model_bytes": model_bytes,

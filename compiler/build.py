@@ -318,6 +318,15 @@ NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "onnx_provider
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM is its own address space's: getrusage's
+    maxrss also keeps the parent's size at fork across exec, so a build started by a large
+    process (a benchmark, a test runner) would report that instead."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 

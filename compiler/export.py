@@ -44,7 +44,9 @@ def _without_input_asserts():
 
 
 def export_onnx(tower: OnnxTower, path: Path) -> None:
-    """torch.export-based ONNX export (torch's default), one file, dynamic axes as named."""
+    """torch.export-based ONNX export (torch's default), dynamic axes as named, written once:
+    stack traces dropped in memory, tensors as external data beside a graph over protobuf's
+    limit."""
     dims: dict[str, torch.export.Dim] = {}
     dynamic_shapes = {
         name: {axis: dims.setdefault(label, torch.export.Dim(label)) for axis, label in axes.items()}
@@ -55,14 +57,15 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _without_input_asserts():
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), str(path),
-                              input_names=list(tower.example_inputs), output_names=[tower.output_name],
-                              dynamic_shapes=dynamic_shapes, dynamo=True,
-                              external_data=tower_bytes(tower.module) > EXTERNAL_DATA_BYTES,
-                              opset_version=ONNX_OPSET, verbose=False)
+            program = torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), None,
+                                        input_names=list(tower.example_inputs), output_names=[tower.output_name],
+                                        dynamic_shapes=dynamic_shapes, dynamo=True, opset_version=ONNX_OPSET,
+                                        verbose=False)
         except Exception as exc:
             raise OutputError(f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
                               "run with --debug for the exporter's traceback") from exc
+    _drop_stack_traces(program.model)
+    program.save(str(path), external_data=tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
 
 
 def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict]:
@@ -80,15 +83,6 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, d
     return session.run(None, feeds)[0], {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
 
 
-def load_stripped(path: Path):
-    """An exported graph, loaded (external data included) without the exporter's stack traces."""
-    import onnx
-
-    model = onnx.load(str(path))
-    _drop_stack_traces(model)
-    return model
-
-
 def set_metadata(model, provenance: dict[str, str]) -> None:
     """Provenance in the graph's metadata_props (what `onnx.load(...).metadata_props` shows)."""
     existing = {p.key: p for p in model.metadata_props}
@@ -100,13 +94,10 @@ def set_metadata(model, provenance: dict[str, str]) -> None:
 def _drop_stack_traces(model) -> None:
     """The exporter records each node's Python stack trace, with the absolute paths of the
     files that traced it: the same model exported from another checkout or virtualenv would
-    differ in bytes. The trace is a debugging aid, not part of the graph."""
-    nodes = list(model.graph.node) + [n for f in model.functions for n in f.node]
+    differ in bytes. The trace is a debugging aid, not part of the graph (an onnx_ir model)."""
+    nodes = [*model.graph.all_nodes(), *(node for function in model.functions.values() for node in function)]
     for node in nodes:
-        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
-        if len(kept) != len(node.metadata_props):
-            del node.metadata_props[:]
-            node.metadata_props.extend(kept)
+        node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
 
 
 def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None:

@@ -22,7 +22,6 @@ import tempfile
 from itertools import chain
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..targets.base import OnnxTower
@@ -76,7 +75,7 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
     """The base tower's graph in the bank, exported (stack traces stripped) on first use and
     sealed with its files' hashes, which every use checks. Concurrent builds export it once:
     the second waits on the lock and finds it written."""
-    from .export import export_onnx, load_stripped
+    from .export import export_onnx
 
     path = bank.export_folder(key) / f"{tower.name}.onnx"
     if _intact(bank, key, tower.name):
@@ -87,10 +86,8 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
             return path
         bank.scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}.") as folder:
-            exported = Path(folder) / "exported" / path.name
-            export_onnx(tower, exported)
             written = Path(folder) / path.name
-            save_onnx(load_stripped(exported), written, tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
+            export_onnx(tower, written)
             path.parent.mkdir(parents=True, exist_ok=True)
             for file in reversed(onnx_files(written)):
                 os.replace(file, path.parent / file.name)
@@ -212,14 +209,11 @@ def _metadata_message(provenance: dict) -> bytes:
 
 
 def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
-    from .export import export_onnx, load_stripped, set_metadata
+    from .export import export_onnx
 
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as folder:
-        fresh = Path(folder) / path.name
-        export_onnx(tower, fresh)
-        model = load_stripped(fresh)
-    set_metadata(model, provenance)
-    save_onnx(model, path, tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
+    export_onnx(tower, path)
+    with open(path, "ab") as handle:
+        handle.write(_metadata_message(provenance))
 
 
 def copy_onnx(source: Path, folder: Path, name: str) -> Path:
