@@ -21,7 +21,7 @@ from ..targets.base import Exportable, OnnxTower
 from . import __version__
 from ..errors import OutputError
 from .fsio import atomic_file
-from .towers import EXTERNAL_DATA_BYTES, copy_onnx, save_onnx, tower_bytes
+from .towers import copy_onnx, save_onnx
 
 ONNX_OPSET = 18
 
@@ -45,8 +45,7 @@ def _without_input_asserts():
 
 def export_onnx(tower: OnnxTower, path: Path) -> None:
     """torch.export-based ONNX export (torch's default), dynamic axes as named, written once:
-    stack traces dropped in memory, tensors as external data beside a graph over protobuf's
-    limit."""
+    stack traces dropped in memory, the tensors as external data beside the graph."""
     dims: dict[str, torch.export.Dim] = {}
     dynamic_shapes = {
         name: {axis: dims.setdefault(label, torch.export.Dim(label)) for axis, label in axes.items()}
@@ -65,7 +64,7 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
             raise OutputError(f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
                               "run with --debug for the exporter's traceback") from exc
     _drop_stack_traces(program.model)
-    program.save(str(path), external_data=tower_bytes(tower.module) > EXTERNAL_DATA_BYTES)
+    program.save(str(path), external_data=True)  # tensors beside the graph: see towers.py
 
 
 def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict]:
@@ -110,8 +109,7 @@ def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None
         model = float16.convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
     _retarget_float_casts(model)
     set_metadata(model, {**provenance, "ptc_precision": "fp16"})
-    weights = sum(len(init.raw_data) for init in model.graph.initializer)
-    save_onnx(model, target, weights > EXTERNAL_DATA_BYTES)
+    save_onnx(model, target)
 
 
 def _retarget_float_casts(model) -> None:
