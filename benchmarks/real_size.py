@@ -5,8 +5,8 @@ real CLIP tokenizer (lab/real_size.py); the source is a real architecture of ano
 a random rank-4 LoRA as its fine-tune. Everything runs as a user runs it, through the `ptc`
 command, and every figure is a ratio of two things measured here, in this run:
 
-- cold build (empty embedding and export caches) over its forward floor: the bare forward
-  passes over the grid's probes and prompts that no build can avoid;
+- cold build (empty embedding and export caches) over its forward floor: decoding the grid's
+  probes and the forward passes over them and its prompts, which no build can avoid;
 - warm rebuild (a new strength: nothing to embed or solve, one matrix changes) over its own
   floor: loading the target, writing the output's bytes, and the verification passes it must
   run (the check batch through the edited model, its ONNX graph and the reloaded checkpoint);
@@ -33,6 +33,7 @@ import yaml
 
 # size name: (target architecture, source architecture, probes, classes)
 SIZES = {
+    "vit-tiny16": ("vit-tiny16", "vit-tiny32", 384, 50),
     "vit-b16": ("vit-b16", "vit-b32", 384, 50),
     "vit-l14": ("vit-l14", "vit-b16", 256, 50),
 }
@@ -79,17 +80,17 @@ def _recipe(path: Path, target: Path, bank: Path, weight: float) -> Path:
 
 
 def _forward_floor(target_ref: str, task_file: Path, batch_size: int = 64) -> float:
-    """The grid's forward passes alone: probes (decoded beforehand) and prompts, batch as built."""
+    """The grid's embedding with the model loaded: decoding the probes and the forward passes
+    over them and the prompts, batch as built, one after the other (as `ptc bench`'s suite)."""
     from ptc import targets
 
     spec = yaml.safe_load(task_file.read_text())
     paths = sorted((task_file.parent / "probes").glob("*.png"))
     prompts = [t.format(c) for c in spec["classes"] for t in spec["templates"]]
     model = targets.load(target_ref)
-    batches = [model.load_inputs(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
     start = time.perf_counter()
-    for batch in batches:
-        model.embed_inputs(batch)
+    for i in range(0, len(paths), batch_size):
+        model.embed_inputs(model.load_inputs(paths[i:i + batch_size]))
     model.embed_prompts(prompts)
     return time.perf_counter() - start
 

@@ -122,14 +122,15 @@ def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     click.echo(f"written: {', '.join(str(p) for p in written)}")
 
 
-REAL_SIZES = ("vit-b16", "vit-l14")
+REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14")
 
 
 @_lab(click.command)
 @click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
 @click.option("--size", type=click.Choice(["tiny", "small", "vit-b", *REAL_SIZES]), default=None,
               help="Model and grid size (default: small with --quick, vit-b otherwise). vit-b16 and vit-l14 "
-                   "build at those real architectures' sizes and hold the build to its floors.")
+                   "build at those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold "
+                   "the build to its floors.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="JSON results (default: benchmarks/results.json, or benchmarks/results-SIZE.json for a real size).")
 @handled

@@ -19,7 +19,13 @@ CLIP_TEXT_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12
 VISION_B = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224)
 VISION_L = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, image_size=224)
 
+VISION_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=224)
+TEXT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
+
 CONFIGS = {
+    # The real tokenizer and image size on a 2-layer, 64-wide tower: the same build at tiny cost.
+    "vit-tiny16": dict(vision={**VISION_TINY, "patch_size": 16}, text=TEXT_TINY, projection_dim=64),
+    "vit-tiny32": dict(vision={**VISION_TINY, "patch_size": 32}, text=TEXT_TINY, projection_dim=64),
     "vit-b32": dict(vision={**VISION_B, "patch_size": 32}, text=CLIP_TEXT_B, projection_dim=512),
     "vit-b16": dict(vision={**VISION_B, "patch_size": 16}, text=CLIP_TEXT_B, projection_dim=512),
     "vit-l14": dict(vision={**VISION_L, "patch_size": 14}, text=CLIP_TEXT_L, projection_dim=768),
