@@ -179,10 +179,12 @@ def _adapter(source: Path, folder: Path) -> Path:
     return _random_adapter(targets.load(f"hf:{source}"), folder, seed=1)
 
 
-def run(size_name: str, echo=print) -> dict:
+def run(size_name: str, echo=print, probes: int | None = None) -> dict:
+    """The whole benchmark at `size_name`; `probes` overrides the grid's size (tests)."""
     from ptc.lab.real_size import build_clip
 
-    target_arch, source_arch, probes, classes = SIZES[size_name]
+    target_arch, source_arch, default_probes, classes = SIZES[size_name]
+    probes = probes or default_probes
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as folder:
         root = Path(folder)
         echo(f"building {target_arch} target and {source_arch} source (random weights, real configs)")

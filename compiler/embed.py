@@ -99,8 +99,13 @@ def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forwa
 
 
 def _decoded(model, chunks):
-    """Each chunk's batch, the next one decoded on a worker thread while the caller runs the
-    forward pass on this one (image decoding and resizing release the GIL)."""
+    """Each chunk's batch. On a GPU the next one is decoded on a worker thread while the GPU
+    runs this one (decoding and resizing release the GIL). On a CPU the forward pass already
+    keeps every core busy, and a third thread slowed it more than decoding costs (measured at
+    ViT-B/16 on 2 cores: 121 s against 105 s decoding in turn), so there it decodes in turn."""
+    if model.device.type == "cpu":
+        yield from (_decode(model, chunk) for chunk in chunks)
+        return
     if not chunks:
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptc-decode") as pool:
