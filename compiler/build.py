@@ -30,7 +30,7 @@ from .options import Options
 from .report import BuildReport
 from .plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
 from .routes import ROUTES, Check, Edit, Run, grid_goals
-from .towers import write_tower
+from .towers import interface, write_tower
 from .strength import choose_strengths, strength_report
 from .terms import resolve_descriptors, with_weights
 from .verify import descriptor_residual, max_abs_difference, require, require_at_least
@@ -94,7 +94,7 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
                         provenance: dict, run: Run) -> dict:
     export, verify = plan_.recipe.export, plan_.recipe.verify
     weights_key = model_info(target).weights_key  # the export cache is one per model, whatever the precision
-    diffs, cosines, triton_models, files, provider = [], [], [], [], None
+    diffs, cosines, triton_models, files, provider, interfaces = [], [], [], [], None, {}
     for index, (base, tower) in enumerate(zip(target.onnx_towers(), edit.edited.onnx_towers())):
         path = staging / "onnx" / f"{tower.name}.onnx"
         with run.stage("export_onnx"):
@@ -111,6 +111,7 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
         inputs = check.batch if index == 0 else tower.example_inputs
         variants = [(tower.name, path)]
         files.append(f"onnx/{path.name}")
+        interfaces[f"onnx/{path.name}"] = interface(path)
         if "fp16" in export.precision:
             half = path.with_name(f"{tower.name}_fp16.onnx")
             with run.stage("export_fp16"):
@@ -119,6 +120,7 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
                 cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
             variants.append((f"{tower.name}_fp16", half))
             files.append(f"onnx/{half.name}")
+            interfaces[f"onnx/{half.name}"] = interface(half)
         if "triton" in export.formats:
             with run.stage("export_triton"):
                 for name, onnx_path in variants:
@@ -127,7 +129,7 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
     figures = {"onnx_max_abs_diff": require("onnx_max_abs_diff", max(diffs), verify.equivalence_atol),
                "onnx_provider": provider["ran"], "onnx_provider_requested": provider["requested"],
                "onnx_provider_fell_back": provider["fell_back"], "fp16_min_cosine": None,
-               "triton_models": triton_models, "onnx_files": files}
+               "triton_models": triton_models, "onnx_files": files, "onnx_interface": interfaces}
     if cosines:
         figures["fp16_min_cosine"] = require_at_least("fp16_min_cosine", min(cosines), verify.fp16_min_cosine)
     return figures
@@ -314,7 +316,7 @@ def _update_recipe_lock(plan_: Plan, document: dict) -> dict:
 
 NOT_EXPORTED = {"onnx_max_abs_diff": None, "onnx_provider": None, "onnx_provider_requested": None,
                 "onnx_provider_fell_back": None, "reload_max_abs_diff": None, "native_ref": None,
-                "fp16_min_cosine": None, "triton_models": [], "onnx_files": []}
+                "fp16_min_cosine": None, "triton_models": [], "onnx_files": [], "onnx_interface": {}}
 
 
 def _peak_rss_mb() -> float:
@@ -343,7 +345,7 @@ def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, eval
     verify = {"linearity": edit.report["linearity"],
               "equivalence": {"torch_max_abs_diff": edit.torch_max_abs_diff,
                               **{k: v for k, v in exported.items()
-                                 if k not in ("native_ref", "triton_models", "onnx_files")},
+                                 if k not in ("native_ref", "triton_models", "onnx_files", "onnx_interface")},
                               "check_inputs": len(check.paths)},
               "descriptor_residual": residuals, "tolerances": recipe.verify.model_dump()}
     return BuildReport(
@@ -353,4 +355,4 @@ def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, eval
         strength=strength or {"mode": "fixed"}, certificate=certified, evaluation=evaluation,
         lock_hash=sha256_of(inputs), formats=list(recipe.export.formats) if exported is not NOT_EXPORTED else [],
         precision=list(recipe.export.precision), triton_models=exported["triton_models"],
-        onnx_files=exported["onnx_files"], embeddings=made_by)
+        onnx_files=exported["onnx_files"], onnx_interface=exported["onnx_interface"], embeddings=made_by)

@@ -159,6 +159,21 @@ def _safetensors_header(handle, path: Path) -> dict:
     return json.loads(handle.read(length))
 
 
+def _interface_table(interfaces: dict) -> str:
+    """Each graph's inputs and outputs as a deployer needs them. A text graph whose sequence axis
+    is a number takes prompts padded to exactly that many tokens (padding="max_length"); one
+    whose axis is named takes any length, padded to the longest in the batch."""
+    rows = [f"| `{graph}` | {kind} | `{v['name']}` | {v['dtype']} | "
+            f"[{', '.join(str(d) for d in v['shape'])}] |"
+            for graph, spec in interfaces.items() for kind in ("inputs", "outputs")
+            for v in spec[kind]]
+    if not rows:
+        return ""
+    return ("\n| graph | | name | dtype | shape (named axes are dynamic) |\n| --- | --- | --- | --- | --- |\n"
+            + "\n".join(rows) + "\n\nA text graph with a fixed sequence length takes prompts padded to exactly "
+            "that many tokens (`padding=\"max_length\"`); a named one takes the longest prompt's length.")
+
+
 TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 7: "TYPE_INT64", 6: "TYPE_INT32", 9: "TYPE_BOOL"}
 
 
@@ -206,8 +221,9 @@ def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict
     loading = [f"### {encoder.library}\n```python\n{encoder.load_snippet('model')}\n```"] if report["native_ref"] else []
     if report.get("onnx_files"):
         loading.append("### onnxruntime\n```python\nimport onnxruntime as ort\n"
-                       f'session = ort.InferenceSession("{report["onnx_files"][0]}")\n'
-                       "embeds = session.run(None, {name: array})[0]  # inputs as in report.json\n```")
+                       f'session = ort.InferenceSession("{report["onnx_files"][0]}")  # its .onnx.data beside it\n'
+                       "embeds = session.run(None, {name: array})[0]  # the inputs below\n```\n"
+                       + _interface_table(report.get("onnx_interface", {})))
     if report.get("triton_models"):
         loading.append("### Triton\n```bash\ntritonserver --model-repository=triton\n"
                        f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"

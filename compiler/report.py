@@ -27,6 +27,7 @@ class BuildReport:
     precision: list[str]
     triton_models: list[str]
     onnx_files: list[str]
+    onnx_interface: dict          # per graph: its inputs' and outputs' names, dtypes and shapes
     embeddings: dict              # per grid: the device and precision that made the target's embeddings
     run: dict = field(default_factory=dict)  # run.json: cache counts, timings, peak RSS
     recipe_lock: dict | None = None          # what the build did to RECIPE.lock
@@ -39,7 +40,7 @@ class BuildReport:
                 **self.route_report, "verify": self.verify, "strength": self.strength,
                 "certificate": self.certificate, "evaluation": self.evaluation, "lock_hash": self.lock_hash,
                 "formats": self.formats, "precision": self.precision, "triton_models": self.triton_models,
-                "onnx_files": self.onnx_files, "embeddings": self.embeddings}
+                "onnx_files": self.onnx_files, "onnx_interface": self.onnx_interface, "embeddings": self.embeddings}
 
     def summary_lines(self) -> list[str]:
         """What `ptc build` prints: verification, strengths, certificate, accuracy, where it went."""

@@ -208,6 +208,23 @@ def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
         handle.write(_metadata_message(provenance))
 
 
+ONNX_TYPES = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
+
+
+def interface(path: Path) -> dict:
+    """What a deployer feeds a graph and gets back, read off the graph itself: each input's and
+    output's name, dtype and shape (an int for a fixed axis, the axis's name for a dynamic one)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def described(values) -> list[dict]:
+        return [{"name": v.name, "dtype": ONNX_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type)),
+                 "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]}
+                for v in values]
+    return {"inputs": described(graph.input), "outputs": described(graph.output)}
+
+
 def copy_onnx(source: Path, folder: Path, name: str) -> Path:
     """`source` (and its external data, under the name the graph records) copied into `folder`
     as `name`; for Triton's `<model>/1/model.onnx` layout."""

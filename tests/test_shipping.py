@@ -144,3 +144,24 @@ def test_atomic_writes_follow_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "file.json").stat().st_mode) == 0o640
     assert stat.S_IMODE((tmp_path / "folder").stat().st_mode) == 0o750
     assert stat.S_IMODE((tmp_path / "folder" / "inside").stat().st_mode) == 0o640
+
+
+ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+
+
+def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_sees_them(shipped):
+    out, report = shipped
+    card = (out / "README.md").read_text()
+    assert set(report["onnx_interface"]) == set(report["onnx_files"]) and len(report["onnx_files"]) == 4
+    for graph, spec in report["onnx_interface"].items():
+        session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])  # independently
+        for kind, values in (("inputs", session.get_inputs()), ("outputs", session.get_outputs())):
+            assert spec[kind] == [{"name": v.name, "dtype": ORT_TYPES[v.type], "shape": list(v.shape)} for v in values]
+            for v in values:
+                assert f"| `{graph}` | {kind} | `{v.name}` | {ORT_TYPES[v.type]} | [{', '.join(map(str, v.shape))}] |" \
+                    in card
+    text = report["onnx_interface"]["onnx/text_model.onnx"]["inputs"]
+    assert [v["name"] for v in text] == ["input_ids", "attention_mask"] and isinstance(text[0]["shape"][1], str)
+    vision = report["onnx_interface"]["onnx/vision_model.onnx"]
+    assert vision["inputs"][0]["shape"][1:] == [3, 32, 32] and isinstance(vision["inputs"][0]["shape"][0], str)
+    assert vision["outputs"][0]["name"] == "image_embeds" and vision["outputs"][0]["dtype"] == "float32"
