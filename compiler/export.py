@@ -43,6 +43,24 @@ def _without_input_asserts():
             os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = previous
 
 
+@contextmanager
+def _quiet_exporter():
+    """The exporter's optimizer logs a warning per op it leaves unfolded ("Skipping constant
+    folding for op Split ..."): notes for its developers, not for someone building a model.
+    Errors still show; --debug shows the exporter's traceback."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir", "torch.onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def export_onnx(tower: OnnxTower, path: Path) -> None:
     """torch.export-based ONNX export (torch's default), dynamic axes as named, written once:
     stack traces dropped in memory, the tensors as external data beside the graph."""
@@ -53,7 +71,8 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
     }
     dynamic_shapes = {name: dynamic_shapes.get(name) for name in tower.example_inputs}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _without_input_asserts():
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _without_input_asserts(), \
+            _quiet_exporter():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), None,

@@ -222,16 +222,13 @@ def check_replaceable(folder: Path) -> None:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (flock) on `path`, released on exit or process death."""
-    import fcntl
+    """An exclusive lock on `path` between processes, released on exit or process death
+    (filelock: flock on POSIX, msvcrt on Windows)."""
+    from filelock import FileLock
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    with FileLock(str(path)):
+        yield
 
 
 @contextlib.contextmanager
