@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import io
 import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from ..errors import BankError, TaskError
-from .fsio import file_lock, file_sha256, remove_stale_temporaries, write_bytes_atomic, write_json_atomic
+from .fsio import (file_lock, file_sha256, remove_stale_temporaries, safetensors_header, write_bytes_atomic,
+                   write_json_atomic)
 from .grid import TaskSpec, check_name
 from ..hashing import tensors_sha256
 from ..timers import timed
@@ -84,13 +85,6 @@ def _sealed(record: dict) -> dict:
 
 def _seal_intact(record: dict) -> bool:
     return isinstance(record, dict) and _sealed(record).get("record_sha256") == record.get("record_sha256")
-
-
-def _read_header(data: bytes) -> dict:
-    (length,) = struct.unpack("<Q", data[:8])
-    if length > len(data) - 8:
-        raise ValueError("header length exceeds file size (truncated file)")
-    return json.loads(data[8:8 + length])
 
 
 class Bank:
@@ -183,7 +177,7 @@ class Bank:
             raise BankError(f"bank entry {path} cannot be read: {exc.strerror}",
                             "it must be a file ptc wrote; delete it and recompute") from None
         try:
-            record = json.loads(_read_header(data)["__metadata__"]["ptc"])
+            record = json.loads(safetensors_header(io.BytesIO(data), len(data))["__metadata__"]["ptc"])
             tensors = safetensors.torch.load(data)
         except Exception as exc:  # any parse failure means the file is not what we wrote
             raise BankError(f"bank entry {path} is corrupt: {exc}",

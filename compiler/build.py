@@ -102,13 +102,13 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
             run.counts[f"onnx_towers_{how}"] += 1
         with run.stage("verify_onnx"):
             if index == 0:  # the input tower, on the real check inputs the route already embedded
-                got, provider = run_onnx(path, check.batch)
-                diffs.append(max_abs_difference(got, edit.check_outputs))
+                inputs, expected = check.batch, edit.check_outputs
             else:
-                got, provider = run_onnx(path, tower.example_inputs)
+                inputs = tower.example_inputs
                 with torch.inference_mode():
-                    diffs.append(max_abs_difference(got, tower.module(**tower.example_inputs)))
-        inputs = check.batch if index == 0 else tower.example_inputs
+                    expected = tower.module(**inputs)
+            got, provider = run_onnx(path, inputs)
+            diffs.append(max_abs_difference(got, expected))
         variants = [(tower.name, path)]
         files.append(f"onnx/{path.name}")
         interfaces[f"onnx/{path.name}"] = interface(path)

@@ -20,7 +20,7 @@ from ..targets.base import Exportable, OnnxTower
 
 from . import __version__
 from ..errors import OutputError
-from .fsio import atomic_file
+from .fsio import atomic_file, safetensors_header
 from .towers import copy_onnx, save_onnx
 
 ONNX_OPSET = 18
@@ -159,7 +159,10 @@ def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
     header, so only the header is rewritten: the tensor bytes are streamed across, never loaded."""
     for path in sorted(folder.rglob("*.safetensors")):
         with open(path, "rb") as source:
-            header = _safetensors_header(source, path)
+            try:
+                header = safetensors_header(source, path.stat().st_size)
+            except ValueError as exc:
+                raise OutputError(f"{path}: not a safetensors file: {exc}") from None
             metadata = dict(header.get("__metadata__") or {})
             metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
             header["__metadata__"] = metadata
@@ -168,14 +171,6 @@ def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
             with atomic_file(path) as target:
                 target.write(struct.pack("<Q", len(encoded)) + encoded)
                 shutil.copyfileobj(source, target, 16 << 20)
-
-
-def _safetensors_header(handle, path: Path) -> dict:
-    """The JSON header of an open safetensors file, leaving the handle at the first data byte."""
-    (length,) = struct.unpack("<Q", handle.read(8))
-    if length > path.stat().st_size - 8:
-        raise OutputError(f"{path}: safetensors header length exceeds the file (truncated file)")
-    return json.loads(handle.read(length))
 
 
 def _interface_table(interfaces: dict) -> str:

@@ -15,7 +15,7 @@ from .bank import TaskRecord
 from .descriptor import class_embeddings, normalise
 from .fsio import staged_directory
 from .labelled import labelled_files
-from .compute import device_label as device_name, resolve_device
+from .compute import device_label, resolve_device
 from .lora import attach_lora, train
 
 LOGIT_SCALE = 30.0
@@ -56,7 +56,7 @@ def finetune_lora(encoder: Family, task: TaskRecord, data_dir: Path, out_dir: Pa
         (staging / "README.md").write_text(_model_card(base_ref, task.name, rank, steps, seed, len(labels), dropout))
     return {"steps": steps, "final_loss": figures.get("loss", float("nan")),
             "final_batch_accuracy": figures.get("acc", float("nan")), "examples": len(labels),
-            "device": device_name(device)}
+            "device": device_label(device)}
 
 
 def _model_card(base_ref: str, task: str, rank: int, steps: int, seed: int, examples: int,

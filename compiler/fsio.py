@@ -86,6 +86,19 @@ def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> 
         handle.write(data)
 
 
+def safetensors_header(handle: BinaryIO, size: int) -> dict:
+    """The JSON header of a safetensors stream of `size` bytes (a little-endian u64 length, then
+    the header), leaving the handle at the first data byte; ValueError when truncated.
+    safetensors' own API reads the metadata but not the data offsets, which a header rewrite
+    (stamping provenance) has to keep."""
+    import struct
+
+    (length,) = struct.unpack("<Q", handle.read(8))
+    if length > size - 8:
+        raise ValueError("header length exceeds file size (truncated file)")
+    return json.loads(handle.read(length))
+
+
 def write_json_atomic(path: Path, obj, scratch: Path | None = None) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), scratch)
 def _pid_alive(pid: int) -> bool:

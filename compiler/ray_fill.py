@@ -53,12 +53,12 @@ def _embed_job(ref: str, finetuned: str | None, base_dir: str, task: TaskRecord,
     info = model_info(model)
     bank = Bank(Path(bank_root))
     if bank.read_entry(bank.embeddings_rel(info.key, task.grid_hash)) is not None:
-        return info, None
+        return info, None, None
     result = grid_forward(model, task, batch_size, progress=False)
     if crash_marker and not os.path.exists(crash_marker):
         Path(crash_marker).touch()
         os._exit(1)
-    return info, (*result, model.device)
+    return info, result, model.device
 
 
 def _factorize_job(inputs, class_rows, regressors, threads: int):
@@ -112,12 +112,12 @@ def fill_bank_on_ray(bank: Bank, sources: list[SourceSpec], target_refs: list[st
     results = _gather(ray, [embed.remote(ref, ft, base, records[name], str(bank.root), batch_size, threads, marker,
                                          compute) for ref, ft, name in jobs], "forward passes", progress)
     infos: dict[tuple, ModelInfo] = {}
-    for (ref, ft, name), (info, tensors) in zip(jobs, results):
+    for (ref, ft, name), (info, tensors, device) in zip(jobs, results):
         infos[(ref, ft, name)] = info
         if tensors is not None:
             rel = bank.embeddings_rel(info.key, records[name].grid_hash)
             counts["embeddings_computed"] += bank.get_or_compute(
-                rel, lambda: embedding_record(info, records[name], *tensors[:3], device=tensors[3]))[1]
+                rel, lambda: embedding_record(info, records[name], *tensors, device=device))[1]
     for s, name in todo:  # descriptors, in the in-process order
         task, pre, post = records[name], infos[(s.pre, None, name)], infos[(s.pre, s.finetuned[name], name)]
         check_pair(pre, post, s.pre, s.finetuned[name])

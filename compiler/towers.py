@@ -1,19 +1,18 @@
 """ONNX towers at the cost of what an edit changed.
 
 Exporting a real-size tower takes tens of seconds (the tracer and the exporter walk the
-whole graph) while a closed-form edit changes one initializer of it. So each base tower is
-exported once per model and exporter version into the bank (`exports/<key>/<tower>.onnx`),
-and a build writes an edited tower by loading that graph and replacing the initializers of
-the parameters the edit changed: an unchanged tower (the text tower of an image edit) is the
-cached graph as it is. A parameter that cannot be found in the graph as itself (same name,
-shape and bytes) falls back to a fresh export of the edited tower. Either way the build then
-checks the written graph against torch, so a damaged cache cannot ship.
+whole graph) while a closed-form edit changes one or two tensors of it. So each base tower is
+exported once per model and exporter version into the bank (`exports/<key>/<tower>.onnx`,
+sealed with its files' hashes), and a build writes an edited tower by copying those files and
+writing the changed tensors' bytes over theirs (`write_tower`): an unchanged tower (the text
+tower of an image edit) is the cached graph as it is. A tensor whose bytes cannot be found
+exactly once falls back to a fresh export of the edited tower. Either way the build then
+checks the written graph against torch.
 
 Every tower is written as its graph and, beside it, one external data file holding its
 tensors (`<tower>.onnx.data`): a graph over protobuf's 2 GiB message limit (ViT-H/14, bigG)
 can only be written so, and writing a single-file graph builds the whole message and its
-serialized copy in memory (measured: 1.3 GB of peak memory for a 350 MB ViT-B/16 tower,
-against 0.33 GB written this way).
+serialized copy in memory, several times the tower's size at the peak.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from . import __version__
 from ..errors import BankError
 from .bank import Bank
 from .fsio import file_lock
+
 
 def save_onnx(model, path: Path) -> None:
     """Save a graph with every tensor over 1 KiB in `<name>.data` beside it, as export_onnx does."""
@@ -178,7 +178,8 @@ def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, 
     if patches is None:
         _export_fresh(edited, path, provenance)
         return "exported"
-    copies = {file: path.with_name(file.name.replace(cached.name, path.name, 1)) for file in onnx_files(cached)}
+    # The graph is renamed as asked; its data file keeps the name the graph records for it.
+    copies = {file: path if file == cached else path.with_name(file.name) for file in onnx_files(cached)}
     for source, target in copies.items():
         shutil.copyfile(source, target)
     for file, offset, data in patches:
@@ -208,18 +209,16 @@ def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
         handle.write(_metadata_message(provenance))
 
 
-ONNX_TYPES = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
-
-
 def interface(path: Path) -> dict:
     """What a deployer feeds a graph and gets back, read off the graph itself: each input's and
     output's name, dtype and shape (an int for a fixed axis, the axis's name for a dynamic one)."""
     import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
 
     graph = onnx.load(str(path), load_external_data=False).graph
 
     def described(values) -> list[dict]:
-        return [{"name": v.name, "dtype": ONNX_TYPES.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type)),
+        return [{"name": v.name, "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
                  "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]}
                 for v in values]
     return {"inputs": described(graph.input), "outputs": described(graph.output)}

@@ -58,9 +58,17 @@ def test_a_patched_tower_is_a_fresh_export_of_the_edited_model(family, tmp_path)
             assert np.abs(got - tower.module(**tower.example_inputs).numpy()).max() < 1e-5
         assert {p.key: p.value for p in patched.metadata_props}["ptc_test"] == "1"
     assert hows == ["patched", "reused"]  # the image edit leaves the text tower's graph as cached
-    # A second edit of the same model exports nothing: both graphs come from the cache.
-    assert sorted(p.name for p in (tmp_path / "cache" / "exports").rglob("*.onnx")) == \
-        sorted(f"{t.name}.onnx" for t in encoder.onnx_towers())
+    # A second edit of the same model exports nothing: both graphs come from the cache, untouched.
+    cached = sorted((tmp_path / "cache" / "exports").rglob("*.onnx*"))
+    assert sorted(p.name for p in cached if p.suffix == ".onnx") == sorted(f"{t.name}.onnx" for t in encoder.onnx_towers())
+    stamps = {p: p.stat().st_mtime_ns for p in cached}
+    second = _edited(encoder, seed=1).onnx_towers()[0]
+    base = encoder.onnx_towers()[0]
+    assert towers.write_tower(Bank(tmp_path / "cache"), "model", base, second, tmp_path / "again.onnx", {}) == "patched"
+    assert {p: p.stat().st_mtime_ns for p in sorted((tmp_path / "cache" / "exports").rglob("*.onnx*"))} == stamps
+    with torch.inference_mode():
+        expected = second.module(**second.example_inputs).numpy()
+    assert np.abs(_run(tmp_path / "again.onnx", second.example_inputs) - expected).max() < 1e-5
 
 
 def test_what_cannot_be_matched_is_exported_afresh(tmp_path):

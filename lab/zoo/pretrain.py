@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ptc.targets.base import Batch, batch_len, batch_rows, batch_to
 
 from ptc.compiler.descriptor import normalise
-from ptc.compiler.compute import device_label as device_name, resolve_device
+from ptc.compiler.compute import device_label, resolve_device
 from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
@@ -91,7 +91,7 @@ def pretrain(encoder, inputs: Batch, captions: list[str], config: PretrainConfig
             _log_line(desc, step + 1, config.steps, losses, time.perf_counter() - start)
     tail = losses[-50:]
     figures = {"steps": config.steps, "loss": kind, "final_loss": sum(tail) / len(tail),
-               "logit_scale": float(log_scale.detach().exp()), "pairs": len(captions), "device": device_name(device)}
+               "logit_scale": float(log_scale.detach().exp()), "pairs": len(captions), "device": device_label(device)}
     return encoder.with_module(module.cpu().eval()), figures
 
 
