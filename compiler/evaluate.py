@@ -33,15 +33,22 @@ def resolve_model(model: str) -> tuple[str, Path]:
     return model, Path(".")
 
 
-def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
-                       progress: bool = True) -> dict:
-    pairs = labelled_files(data_dir, task.classes)
+def zero_shot_correct(encoder: DualEncoder, task: TaskRecord, pairs: list[tuple[Path, int]], batch_size: int = 64,
+                      progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, labels) per (file, class index) pair: whether the encoder's nearest class prompt
+    is the file's class."""
     with autocast(encoder):
         class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))
     inputs = embed_probe_files(encoder, [p for p, _ in pairs], batch_size, "eval", progress)
     predictions = (normalise(inputs.double()) @ class_rows.T).argmax(dim=1)
     labels = torch.tensor([label for _, label in pairs])
-    correct = predictions == labels
+    return predictions == labels, labels
+
+
+def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
+                       progress: bool = True) -> dict:
+    pairs = labelled_files(data_dir, task.classes)
+    correct, labels = zero_shot_correct(encoder, task, pairs, batch_size, progress)
     per_class = {name: float(correct[labels == i].float().mean()) for i, name in enumerate(task.classes)
                  if (labels == i).any()}
     return {"task": task.name, "accuracy": float(correct.float().mean()), "correct": int(correct.sum()),

@@ -137,7 +137,7 @@ def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
 
 def check_size(size: WorldSize) -> None:
     """The image world's styles have no meaning for clips (their one shift is the sample rate),
-    and extra fine-tuning clips are not drawn here."""
+    and extra fine-tuning or test clips are not drawn here."""
     if size.pretrain_style != "plain":
         raise InputError(f"the audio world has no pretraining style {size.pretrain_style!r}", "use 'plain'")
     if size.downstream_shift != "shared":
@@ -145,6 +145,9 @@ def check_size(size: WorldSize) -> None:
     if size.train_extra:
         raise InputError(f"the audio world draws no extra fine-tuning clips (train_extra {size.train_extra})",
                          "use 0, or more train clips per class")
+    if size.test_extra:
+        raise InputError(f"the audio world draws no extra test clips (test_extra {size.test_extra})",
+                         "use 0, or more test clips per class (its splits are all regenerated)")
 
 
 def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int = 0) -> Path:

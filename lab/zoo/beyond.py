@@ -19,6 +19,7 @@ from ptc.compiler.recipe import Strength, Term
 from ptc.compiler.strength import choose_strengths
 from ptc.compiler.terms import combined_descriptor, source_descriptor
 from .paper import _mean, _points
+from .report import ratio
 
 ALPHA = 0.5
 DEFAULT_RULE = "agreement"  # the headline consensus is what a recipe term gets by default
@@ -241,11 +242,11 @@ def run(zoo, train, echo) -> tuple[dict, dict]:
     for seed in zoo.seeds:
         summary = summarise_sources(source_cells(zoo, seed), zoo, train_cells=source_cells(train, seed, subsets=False))
         per_seed.append(summary)
-        echo(f"  beyond, seed {seed}: single-source retention {summary['difference']['single_source_retention']:.3f}, "
-             f"best source chosen on train {summary['difference']['train_chosen_source_retention']:.3f}, "
-             f"consensus {summary['difference']['consensus_retention']:.3f}, relative "
-             f"{summary['relative']['single_source_retention']:.3f}, relative consensus "
-             f"{summary['relative']['consensus_retention']:.3f}")
+        difference, relative = summary["difference"], summary["relative"]
+        echo(f"  beyond, seed {seed}: single-source retention {ratio(difference['single_source_retention'])}, "
+             f"best source chosen on train {ratio(difference['train_chosen_source_retention'])}, "
+             f"consensus {ratio(difference['consensus_retention'])}, relative "
+             f"{ratio(relative['single_source_retention'])}, relative consensus {ratio(relative['consensus_retention'])}")
     first = zoo.seeds[0]
     # In-distribution tasks (plain style, as pretraining saw): first seed only, as built.
     plain = summarise_sources(source_cells(zoo, first, zoo.in_distribution), zoo, zoo.in_distribution) \

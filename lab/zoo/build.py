@@ -61,6 +61,7 @@ def read_index(root: Path) -> dict:
         index["world"].setdefault("pretrain_style", "plain")
         index["world"].setdefault("downstream_shift", "shared")
         index["world"].setdefault("train_extra", 0)
+        index["world"].setdefault("test_extra", 0)
     return index
 
 

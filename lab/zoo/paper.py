@@ -16,7 +16,9 @@ paired Oracle gains).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,14 +28,15 @@ import torch
 from ptc import targets
 
 from ptc.compiler.bank import Bank
-from ptc.compiler.descriptor import centred, cosine, normalise, task_descriptor
+from ptc.compiler.descriptor import centred, cosine, task_descriptor
 from ptc.compiler.embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
-from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.evaluate import zero_shot_correct
 from ptc.compiler.labelled import labelled_files
-from ptc.compiler.solve import edited_embeddings, factorize, solve_operator
+from ptc.compiler.solve import factorize, solve_operator
 from . import headroom, residual
+from .bootstrap import RESAMPLES, mean_over, mean_score, resample_weights, with_intervals
 from .build import read_index
-from .report import ridge_choice
+from .report import ratio, ridge_choice
 
 ALPHA = 0.5                      # the paper's strength for addition
 # Candidates, chosen on the labelled train split (never test). The full zoo chose 0.001, the
@@ -75,6 +78,7 @@ class Split:
     inputs: torch.Tensor              # n x d, unedited
     regressors: torch.Tensor | None   # n x p rows an edit acts through (None: the inputs)
     labels: torch.Tensor
+    resamples: np.ndarray | None = None  # bootstrap weights (resamples x n); None: figures alone
 
 
 @dataclass
@@ -89,11 +93,29 @@ class TargetView:
     grids: dict
 
     def accuracy(self, task: str, edit: torch.Tensor | None = None) -> float:
-        split = self.tests[task]
-        z = split.inputs.double() if edit is None else edited_embeddings(split.inputs, split.regressors, edit)
-        return float(((normalise(z) @ self.class_rows[task].T).argmax(dim=1) == split.labels).double().mean())
+        """On the task's test split; a bootstrap.Score (with its resamples) where the zoo resamples."""
+        if edit is None:  # the zero-shot figure every gain is read against: once per task
+            if task not in self._zero_shot:
+                self._zero_shot[task] = self._accuracy(task, None)
+            return self._zero_shot[task]
+        return self._accuracy(task, edit)
+
+    def _accuracy(self, task: str, edit: torch.Tensor | None) -> float:
+        # The edited model embeds z + R E^T (solve.edited_embeddings); its scores against the
+        # class rows are z C^T + R (E^T C^T), computed without the n x d embeddings. Normalising
+        # an embedding scales its row of scores by one positive number, which moves no argmax.
+        split, rows = self.tests[task], self.class_rows[task]
+        if task not in self._base_scores:
+            self._base_scores[task] = split.inputs.double() @ rows.T
+        scores = self._base_scores[task]
+        if edit is not None:
+            regressors = split.inputs if split.regressors is None else split.regressors
+            scores = scores + regressors.double() @ (edit.double().T @ rows.T)
+        return mean_score((scores.argmax(dim=1) == split.labels).numpy(), split.resamples)
 
     ridge: float = 1.0
+    _zero_shot: dict = field(default_factory=dict)
+    _base_scores: dict = field(default_factory=dict)
 
     def operator(self, task: str, descriptor: torch.Tensor, weight: float, ridge: float | None = None) -> torch.Tensor:
         return solve_operator(self.factors[task], weight * descriptor.double(), self.ridge if ridge is None else ridge)
@@ -102,7 +124,7 @@ class TargetView:
 class Zoo:
     """A built zoo opened for experiments: its index, bank, task files and members."""
 
-    def __init__(self, root: Path, progress: bool = False, split: str = "test"):
+    def __init__(self, root: Path, progress: bool = False, split: str = "test", resamples: int = 0):
         self.root = Path(root)
         self.index = read_index(self.root)
         if not self.index:
@@ -116,6 +138,8 @@ class Zoo:
         self.seeds = list(self.index["seeds"])
         self.progress = progress
         self.split_name = split  # "train" only to choose the ridge; every reported figure is on "test"
+        self.resamples = resamples  # bootstrap resamples of each test split (0: figures alone)
+        self._weights: dict[str, np.ndarray] = {}
         self._views: dict[str, TargetView] = {}
         self.ridge = 1.0
 
@@ -144,11 +168,27 @@ class Zoo:
     def encoder(self, member: str):
         return targets.load(self.index["members"][member]["ref"], self.root)
 
+    def test_files(self, task: str) -> list[tuple[Path, int]]:
+        """(file, class index) of the task's scored split: with the test split, its extra images
+        (test-extra/, regenerated from a stream of their own) where the world draws them."""
+        classes, folder = self.bank.task(task).classes, self.test_dir(task)
+        extra = folder.parent / "test-extra"
+        return labelled_files(folder, classes) + (labelled_files(extra, classes) if self.split_name == "test"
+                                                  and self.index["world"].get("test_extra") else [])
+
     def split(self, encoder, task: str) -> Split:
-        record = self.bank.task(task)
-        pairs = labelled_files(self.test_dir(task), record.classes)
+        pairs = self.test_files(task)
         z, r = embed_probe_files_for_edit(encoder, [p for p, _ in pairs], 64, f"test {task}", self.progress)
-        return Split(z, r, torch.tensor([label for _, label in pairs]))
+        labels = torch.tensor([label for _, label in pairs])
+        return Split(z, r, labels, self.resample_weights(task, labels.numpy()))
+
+    def resample_weights(self, task: str, labels: np.ndarray) -> np.ndarray | None:
+        """The task's bootstrap weights, drawn once: every target reads the same images."""
+        if not self.resamples:
+            return None
+        if task not in self._weights:
+            self._weights[task] = resample_weights(labels, self.resamples, seed=zlib.crc32(task.encode()))
+        return self._weights[task]
 
     def view(self, member: str) -> TargetView:
         if member not in self._views:
@@ -169,8 +209,9 @@ def _points(after: float, before: float) -> float:
 
 
 def _mean(values) -> float:
+    """The mean; of Scores, a Score (numpy's mean would drop their resamples)."""
     values = list(values)
-    return float(np.mean(values)) if values else float("nan")
+    return sum(values) / len(values) if values else math.nan
 
 
 def _spread(values) -> dict:
@@ -237,7 +278,10 @@ def weight_space_cells(zoo: Zoo, seed: int) -> list[dict]:
 
 
 def _accuracy_of(zoo: Zoo, encoder, task: str) -> float:
-    return zero_shot_accuracy(encoder, zoo.bank.task(task), zoo.test_dir(task), progress=False)["accuracy"]
+    """A (merged) encoder's zero-shot accuracy on the images the views score, with their resamples."""
+    pairs = zoo.test_files(task)
+    correct, labels = zero_shot_correct(encoder, zoo.bank.task(task), pairs, progress=False)
+    return mean_score(correct.numpy(), zoo.resample_weights(task, labels.numpy()))
 
 
 def retention(cells: list[dict]) -> float:
@@ -427,12 +471,13 @@ def agreement(zoo: Zoo, seed: int) -> dict:
     centred_by_task = {task: _centred_cosines(pairs) for task, pairs in same_by_task.items()}
     by_row = {"same": [v for values in centred_by_task.values() for v in values],
               "different": _centred_cosines(pairs_different)}
-    return {"same_task_cosine": _mean(same), "different_task_cosine": _mean(different),
+    # Agreement is read off the probe grids, not test images: its intervals resample the pairs.
+    return {"same_task_cosine": mean_over(same), "different_task_cosine": mean_over(different),
             "same_task_spread": _spread(same), "different_task_spread": _spread(different),
-            "same_task_cosine_centred": _mean(by_row["same"]),
+            "same_task_cosine_centred": mean_over(by_row["same"]),
             # Per task, over member pairs: which tasks' fine-tunes agree across members.
             "same_task_cosine_centred_by_task": {task: _spread(values) for task, values in centred_by_task.items()},
-            "different_task_cosine_centred": _mean(by_row["different"]),
+            "different_task_cosine_centred": mean_over(by_row["different"]),
             "centred_pairs": {"same": len(by_row["same"]), "different": len(by_row["different"]),
                               "left_out": len(same) + len(different) - len(by_row["same"]) - len(by_row["different"])}}
 
@@ -504,8 +549,9 @@ def choose_ridge(zoo: Zoo) -> dict:
     for ridge in RIDGES:
         cells = [cell for seed in zoo.seeds for cell in own_descriptor_cells(zoo, seed, ridge)
                  if (cell["target"], cell["task"]) in pairs]
-        oracle[str(ridge)] = _mean(cell["oracle_gain"] for cell in cells)
-        random_utd[str(ridge)] = _mean(cell["random_utd_gain"] for cell in cells)
+        # Figures alone: a choice is made on the figures (intervals would be of an in-sample choice).
+        oracle[str(ridge)] = float(_mean(cell["oracle_gain"] for cell in cells))
+        random_utd[str(ridge)] = float(_mean(cell["random_utd_gain"] for cell in cells))
     eligible = [r for r in RIDGES if abs(random_utd[str(r)]) <= RANDOM_UTD_BAR] or list(RIDGES)
     best = max(eligible, key=lambda r: oracle[str(r)])
     return {"ridge": best, "train_oracle_gain": oracle, "train_random_utd_gain": random_utd,
@@ -518,11 +564,13 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
     headroom are then in-sample)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    train_zoo = Zoo(root, progress, split="train")
+    # The scored split's figures carry their bootstrap resamples; the train split that only
+    # chooses (the ridge, a source) scores figures alone.
+    train_zoo = Zoo(root, progress, split="train", resamples=RESAMPLES if split == "train" else 0)
     selection = choose_ridge(train_zoo)
     echo(f"paper: ridge {selection['ridge']:g}, chosen on the train split: {ridge_choice(selection)}")
     train_zoo.use_ridge(selection["ridge"])
-    zoo = train_zoo if split == "train" else Zoo(root, progress, split=split)
+    zoo = train_zoo if split == "train" else Zoo(root, progress, split=split, resamples=RESAMPLES)
     zoo.use_ridge(selection["ridge"])
     echo(f"paper: zoo {zoo.index['profile']} at {root}: {len(zoo.members)} members, "
          f"{len(zoo.source_tasks)} source tasks + control {', '.join(zoo.controls)}, seeds {zoo.seeds}")
@@ -541,7 +589,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
                          "control_delta": _mean(c["control_delta"] for c in cells),
                          "composed_retention": retention(composed_rows(composed_now)),
                          "weight_space_gain": _mean(c["gain"] for c in ws)})
-        echo(f"  seed {seed}: retention {per_seed[-1]['retention']:.3f}, cross-model "
+        echo(f"  seed {seed}: retention {ratio(per_seed[-1]['retention'])}, cross-model "
              f"{per_seed[-1]['cross_model_gain']:+.2f} / Oracle {per_seed[-1]['oracle_gain']:+.2f} points")
     first = zoo.seeds[0]
     room = headroom.run(train_zoo, first)
@@ -580,9 +628,20 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
         "certify": certified,
         "zoo_quality": {m: zoo.index["members"][m].get("quality", {}) for m in zoo.members},
         "paper": PAPER,
+        "test_images": test_images(zoo),
         "cells": all_cells,
     }
-    return results
+    return with_intervals(results)
+
+
+def test_images(zoo: Zoo) -> dict:
+    """What the scored figures were read off, per task: images, and how many came from the
+    committed split and how many were regenerated (test-extra/); the bootstrap's count."""
+    first = zoo.view(zoo.members[0])
+    extra = zoo.index["world"].get("test_extra", 0) if zoo.split_name == "test" else 0
+    return {"split": zoo.split_name, "per_class": zoo.index["world"][zoo.split_name] if zoo.split_name in
+            zoo.index["world"] else None, "extra_per_class": extra, "resamples": zoo.resamples,
+            "per_task": {task: int(first.tests[task].labels.numel()) for task in first.tests}}
 
 
 def _distinct(zoo: Zoo, cell: dict) -> bool:

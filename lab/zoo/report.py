@@ -19,6 +19,60 @@ def _f(value, digits: int = 2) -> str:
     return f"{value:+.{digits}f}" if digits <= 2 else f"{value:.{digits}f}"
 
 
+def ratio(value) -> str:
+    """A retention for a progress line: NaN where the Oracle gains nothing (a tiny zoo's cells)."""
+    return "n/a (no Oracle gain)" if value != value else f"{value:.3f}"
+
+
+# -- figures with their intervals, and bars judged by them ----------------------------------------
+MET, NOT_MET, UNSURE = "reproduced", "NOT reproduced", "not distinguishable"
+
+
+def interval(section: dict, key: str) -> tuple[float, float]:
+    """A figure's 95% interval (`<key>_ci95`); a figure without one (deterministic, or from a
+    report written before intervals) is its own interval."""
+    low, high = section.get(f"{key}_ci95") or (section[key], section[key])
+    return low, high
+
+
+def _fi(section: dict, key: str, digits: int = 2) -> str:
+    """The figure, and its interval in brackets when it has one."""
+    value, bounds = section[key], section.get(f"{key}_ci95")
+    if not bounds:
+        return _f(value, digits)
+    return f"{_f(value, digits)} [{_f(bounds[0], digits)}, {_f(bounds[1], digits)}]"
+
+
+def at_least(section: dict, key: str, bar: float) -> str:
+    low, high = interval(section, key)
+    return MET if low >= bar else NOT_MET if high < bar else UNSURE
+
+
+def at_most(section: dict, key: str, bar: float) -> str:
+    low, high = interval(section, key)
+    return MET if high <= bar else NOT_MET if low > bar else UNSURE
+
+
+def within(section: dict, key: str, bar: float) -> str:
+    low, high = interval(section, key)
+    return MET if -bar <= low and high <= bar else NOT_MET if high < -bar or low > bar else UNSURE
+
+
+def above(a: dict, a_key: str, b: dict, b_key: str) -> str:
+    """a > b: met where the intervals do not overlap (a conservative reading of the difference)."""
+    (a_low, a_high), (b_low, b_high) = interval(a, a_key), interval(b, b_key)
+    return MET if a_low > b_high else NOT_MET if a_high < b_low else UNSURE
+
+
+def at_least_other(a: dict, a_key: str, b: dict, b_key: str) -> str:
+    (a_low, a_high), (b_low, b_high) = interval(a, a_key), interval(b, b_key)
+    return MET if a_low >= b_high else NOT_MET if a_high < b_low else UNSURE
+
+
+def all_of(*verdicts: str) -> str:
+    return NOT_MET if NOT_MET in verdicts else MET if all(v == MET for v in verdicts) else UNSURE
+
+
 THIN_MARGIN = 0.1  # a chosen ridge's Random-UTD within this share of the bar of it is called close
 
 
@@ -51,6 +105,7 @@ def markdown(results: dict, stem: str | None = None) -> str:
              f"split: {ridge_choice(results['ridge_selection'])}). All accuracies are on "
              "held-out test splits; gains and deltas are percentage points against the target's zero-shot.",
              "",
+             *_intervals_note(results),
              *_train_banner(results),
              "## Zoo quality (zero-shot on held-out test, chance, mean off-diagonal prompt cosine)",
              "",
@@ -66,15 +121,15 @@ def markdown(results: dict, stem: str | None = None) -> str:
               "| row | gain (points) | control delta | paper |",
               "| --- | --- | --- | --- |",
               f"| Fine-tuned source (ceiling, same model) | {_f(add['finetuned_gain'])} | | EuroSAT +48.0 |",
-              f"| Weight-space arithmetic, same model, alpha 0.5 | {_f(add['weight_space_gain'])} | "
-              f"{_f(add['weight_space_control_delta'])} | |",
-              f"| Oracle (target's own descriptor) | {_f(add['oracle_gain'])} | {_f(add['oracle_control_delta'])} | "
+              f"| Weight-space arithmetic, same model, alpha 0.5 | {_fi(add, 'weight_space_gain')} | "
+              f"{_fi(add, 'weight_space_control_delta')} | |",
+              f"| Oracle (target's own descriptor) | {_fi(add, 'oracle_gain')} | {_fi(add, 'oracle_control_delta')} | "
               f"{paper['oracle_example']} |",
-              f"| Cross-model closed form | {_f(add['cross_model_gain'])} | {_f(add['control_delta'])} | |",
-              f"| Random-UTD (Oracle's norm) | {_f(add['random_utd_gain'])} | | {paper['addition.random_utd_gain']} |",
+              f"| Cross-model closed form | {_fi(add, 'cross_model_gain')} | {_fi(add, 'control_delta')} | |",
+              f"| Random-UTD (Oracle's norm) | {_fi(add, 'random_utd_gain')} | | {paper['addition.random_utd_gain']} |",
               "",
               f"**Retention** (cross-model gain / Oracle gain, pooled over {add['cells']} single-task cells): "
-              f"{add['retention']:.3f}; paper {paper['addition.retention']}.",
+              f"{_fi(add, 'retention', 3)}; paper {paper['addition.retention']}.",
               "", *composition_markdown(add["composition"], paper), "",
               "### Per task (Table 14)",
               "",
@@ -107,8 +162,8 @@ def markdown(results: dict, stem: str | None = None) -> str:
               "| lambda | removed task | control | Oracle removed | Oracle control |",
               "| --- | --- | --- | --- | --- |"]
     for row in neg.values():
-        lines.append(f"| {row['lambda']:g} | {_f(row['removed_delta'])} | {_f(row['control_delta'])} | "
-                     f"{_f(row['oracle_removed_delta'])} | {_f(row['oracle_control_delta'])} |")
+        lines.append(f"| {row['lambda']:g} | {_fi(row, 'removed_delta')} | {_fi(row, 'control_delta')} | "
+                     f"{_fi(row, 'oracle_removed_delta')} | {_fi(row, 'oracle_control_delta')} |")
     per_task = neg.get("lambda_1", {}).get("per_task", {})
     if per_task:
         lines += ["", "Per task at lambda 1 (cross-model cells; the zero-shot accuracy is what there is to remove):", "",
@@ -123,11 +178,12 @@ def markdown(results: dict, stem: str | None = None) -> str:
               "",
               "## Descriptor agreement",
               "",
-              f"Same task across models: {agr['same_task_cosine']:.3f} (paper {paper['agreement.same_task_cosine']}); "
-              f"different tasks within a model: {agr['different_task_cosine']:.3f} "
+              f"Same task across models: {_fi(agr, 'same_task_cosine', 3)} (paper {paper['agreement.same_task_cosine']}); "
+              f"different tasks within a model: {_fi(agr, 'different_task_cosine', 3)} "
               f"(paper {paper['agreement.different_task_cosine']}). Row-centred (only what differs between a "
-              f"probe's classes): same task {agr.get('same_task_cosine_centred', float('nan')):.3f}, different "
-              f"tasks {agr.get('different_task_cosine_centred', float('nan')):.3f}. Row-centred, same task, per task "
+              f"probe's classes): same task {_fi(agr, 'same_task_cosine_centred', 3)}, different "
+              f"tasks {_fi(agr, 'different_task_cosine_centred', 3)}. Agreement is read off the probe grids, not test "
+              "images: its intervals resample the descriptor pairs. Row-centred, same task, per task "
               "(mean, lowest and highest over member pairs): " + "; ".join(
                   f"{task} {row['mean']:.2f} ({row['min']:.2f} to {row['max']:.2f})"
                   for task, row in agr["same_task_cosine_centred_by_task"].items()) + ".",
@@ -222,13 +278,14 @@ def composition_markdown(composition: dict, paper: dict) -> list[str]:
             "",
             "| | task A | task B | control |",
             "| --- | --- | --- | --- |",
-            f"| Cross-model closed form | {_f(c['gain_a'])} | {_f(c['gain_b'])} | {_f(c['control_delta'])} |",
-            f"| Oracle | {_f(c['oracle_gain_a'])} | {_f(c['oracle_gain_b'])} | {_f(c['oracle_control_delta'])} |",
-            f"| Retention | {c['retention_a']:.3f} | {c['retention_b']:.3f} | |",
+            f"| Cross-model closed form | {_fi(c, 'gain_a')} | {_fi(c, 'gain_b')} | {_fi(c, 'control_delta')} |",
+            f"| Oracle | {_fi(c, 'oracle_gain_a')} | {_fi(c, 'oracle_gain_b')} | {_fi(c, 'oracle_control_delta')} |",
+            f"| Retention | {_fi(c, 'retention_a', 3)} | {_fi(c, 'retention_b', 3)} | |",
             f"| Paper's retention | {paper['addition.composition.retention_a']:.2f} | "
             f"{paper['addition.composition.retention_b']:.2f} | |",
             "",
-            f"**Composed retention** (both tasks pooled, the protocol of the paper's 0.74-0.80): {c['retention']:.3f}."]
+            f"**Composed retention** (both tasks pooled, the protocol of the paper's 0.74-0.80): "
+            f"{_fi(c, 'retention', 3)}."]
 
 
 def beyond_markdown(results: dict) -> list[str]:
@@ -310,6 +367,23 @@ TRAIN_BANNER = ("scored on the TRAIN split, to judge a change to the zoo before 
                 "headroom are in-sample here")
 
 
+def _intervals_note(results: dict) -> list[str]:
+    """Which images the figures were read off, and what the brackets mean."""
+    images = results.get("test_images")
+    if not images:  # a report written before intervals
+        return []
+    extra = (f" {images['per_class']} per class as committed and {images['extra_per_class']} more regenerated from a "
+             "stream of their own (`test-extra/`)," if images.get("extra_per_class") else
+             f" {images['per_class']} per class," if images.get("per_class") else "")
+    counts = ", ".join(f"{task} {n}" for task, n in images["per_task"].items())
+    return [f"Scored images ({images['split']} split):{extra} per task {counts}. Figures in brackets are 95% "
+            f"intervals from {images['resamples']} bootstrap resamples of those images (within each class; each "
+            "task's images resampled once for every target, as every target reads the same images; over all "
+            "seeds' cells): they say how much a figure depends on which images were drawn, which the spread over "
+            "fine-tuning seeds does not. A bar counts as reproduced only when its interval clears it, and as not "
+            "distinguishable when the interval straddles it.", ""]
+
+
 def _train_banner(results: dict) -> list[str]:
     return [f"**This report is {TRAIN_BANNER}.**", ""] if results["split"] == "train" else []
 
@@ -369,13 +443,13 @@ def _negation_per_task(per_task: dict) -> str:
         "figure averages tasks with much and with little to remove)")
 
 
-def _composed_retention_check(composition: dict) -> list[tuple[bool, str]]:
+def _composed_retention_check(composition: dict) -> list[tuple[str, str]]:
     if "retention" not in composition:  # a report written before the composed Oracle existed
         return []
     c = composition
-    return [(c["retention"] >= 0.74,
-             f"cross-model retention {c['retention']:.3f} on two-task composed cells, the paper's protocol (task A "
-             f"{c['retention_a']:.3f}, task B {c['retention_b']:.3f}; paper 0.80 / 0.74)")]
+    return [(at_least(c, "retention", 0.74),
+             f"cross-model retention {_fi(c, 'retention', 3)} on two-task composed cells, the paper's protocol "
+             f"(task A {_fi(c, 'retention_a', 3)}, task B {_fi(c, 'retention_b', 3)}; paper 0.80 / 0.74)")]
 
 
 def _where_retention_goes(residual: dict, strength: dict, paper: dict) -> str:
@@ -408,54 +482,61 @@ def findings(results: dict) -> list[str]:
     add, neg, agr, lin = results["addition"], results["negation"], results["agreement"], results["linearity"]
     at_one = neg.get("lambda_1", {})
     checks = [
-        (add["retention"] >= 0.74, f"cross-model retention {add['retention']:.3f} on single-task cells (paper's "
-                                   "floor 0.74, measured on two-task composed cells)"),
+        (at_least(add, "retention", 0.74), f"cross-model retention {_fi(add, 'retention', 3)} on single-task cells "
+                                           "(paper's floor 0.74, measured on two-task composed cells)"),
         *_composed_retention_check(add["composition"]),
-        (abs(add["random_utd_gain"]) <= 1.0, f"Random-UTD {add['random_utd_gain']:+.2f} points (bar: within +-1)"),
-        (at_one.get("removed_delta", 0) <= -20 and at_one.get("control_delta", -99) >= -3,
-         f"negation at lambda 1 removes {-at_one.get('removed_delta', float('nan')):.2f} points for "
-         f"{-at_one.get('control_delta', float('nan')):.2f} control points (bar: >= 20 for <= 3)"),
-        (agr["same_task_cosine"] > agr["different_task_cosine"],
-         f"same-task agreement {agr['same_task_cosine']:.3f} vs different-task {agr['different_task_cosine']:.3f}"),
-        (agr["same_task_cosine_centred"] > agr["different_task_cosine_centred"],
-         f"row-centred agreement: same task {agr['same_task_cosine_centred']:.3f} vs different tasks "
-         f"{agr['different_task_cosine_centred']:.3f} (the plain cosine counts the shift every fine-tune gives all "
-         "classes of a probe)"),
-        (lin["max_rel_diff_fp64"] <= 1e-12, f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
+        (within(add, "random_utd_gain", 1.0), f"Random-UTD {_fi(add, 'random_utd_gain')} points (bar: within +-1)"),
+        (all_of(at_most(at_one, "removed_delta", -20), at_least(at_one, "control_delta", -3)),
+         f"negation at lambda 1 moves the removed task {_fi(at_one, 'removed_delta')} points and the control "
+         f"{_fi(at_one, 'control_delta')} (bar: >= 20 removed for <= 3 control)"),
+        (above(agr, "same_task_cosine", agr, "different_task_cosine"),
+         f"same-task agreement {_fi(agr, 'same_task_cosine', 3)} vs different-task "
+         f"{_fi(agr, 'different_task_cosine', 3)}"),
+        (above(agr, "same_task_cosine_centred", agr, "different_task_cosine_centred"),
+         f"row-centred agreement: same task {_fi(agr, 'same_task_cosine_centred', 3)} vs different tasks "
+         f"{_fi(agr, 'different_task_cosine_centred', 3)} (the plain cosine counts the shift every fine-tune gives "
+         "all classes of a probe)"),
+        (MET if lin["max_rel_diff_fp64"] <= 1e-12 else NOT_MET,
+         f"fp64 linearity {lin['max_rel_diff_fp64']:.1e} (bar: <= 1e-12)"),
     ]
     if "beyond" in results:
         b, auto = results["beyond"], results["beyond"]["auto_strength"]
         one = b["single_source"]
         deep = [j for j in auto if int(j) >= 4]
+        bank = b["consensus"].get("bank")
         checks += [
-            (b["consensus"]["retention"] > one["train_chosen_source_retention"],
-             f"beyond: consensus of the other members retains {b['consensus']['retention']:.3f} against "
-             f"{one['retention']:.3f} for one source and {one['train_chosen_source_retention']:.3f} for the best "
-             "single source per target chosen on the train split"),
-            (b["consensus"]["retention"] > one["best_fixed_source_retention"],
+            (above(b["consensus"], "retention", one, "train_chosen_source_retention"),
+             f"beyond: consensus of the other members retains {_fi(b['consensus'], 'retention', 3)} against "
+             f"{_fi(one, 'retention', 3)} for one source and {_fi(one, 'train_chosen_source_retention', 3)} for the "
+             "best single source per target chosen on the train split"),
+            (above(b["consensus"], "retention", one, "best_fixed_source_retention"),
              f"beyond: consensus against the best single source per target chosen with hindsight on test: "
-             f"{b['consensus']['retention']:.3f} vs {one['best_fixed_source_retention']:.3f} (relative: "
-             f"{b['consensus']['relative_retention']:.3f} vs {one['relative_best_fixed_source_retention']:.3f})"),
-            *([(b["consensus"]["bank"]["retention"] > one["best_fixed_source_retention"],
+             f"{_fi(b['consensus'], 'retention', 3)} vs {_fi(one, 'best_fixed_source_retention', 3)} (relative: "
+             f"{_fi(b['consensus'], 'relative_retention', 3)} vs {_fi(one, 'relative_best_fixed_source_retention', 3)})"),
+            *([(above(bank, "retention", one, "best_fixed_source_retention"),
                 f"beyond: the consensus of every other source in the bank (all seeds) retains "
-                f"{b['consensus']['bank']['retention']:.3f} against {one['best_fixed_source_retention']:.3f} for the "
+                f"{_fi(bank, 'retention', 3)} against {_fi(one, 'best_fixed_source_retention', 3)} for the "
                 f"best single source per target chosen with hindsight on test (relative: "
-                f"{b['consensus']['bank']['relative_retention']:.3f} vs "
-                f"{one['relative_best_fixed_source_retention']:.3f})")] if b["consensus"].get("bank") else []),
-            (b["consensus"]["relative_retention"] > b["relative"]["retention"],
-             f"beyond: relative consensus retains {b['consensus']['relative_retention']:.3f}, one relative source "
-             f"{b['relative']['retention']:.3f}"),
-            (all(auto[j]["auto"]["composed_gain"] >= auto[j]["fixed"]["composed_gain"]
-                 and auto[j]["auto"]["control_delta"] > auto[j]["fixed"]["control_delta"] for j in deep),
+                f"{_fi(bank, 'relative_retention', 3)} vs {_fi(one, 'relative_best_fixed_source_retention', 3)})")]
+              if bank else []),
+            (above(b["consensus"], "relative_retention", b["relative"], "retention"),
+             f"beyond: relative consensus retains {_fi(b['consensus'], 'relative_retention', 3)}, one relative source "
+             f"{_fi(b['relative'], 'retention', 3)}"),
+            (all_of(*(all_of(at_least_other(auto[j]["auto"], "composed_gain", auto[j]["fixed"], "composed_gain"),
+                             above(auto[j]["auto"], "control_delta", auto[j]["fixed"], "control_delta"))
+                      for j in deep)),
              "beyond: strength auto at J >= 4 " + "; ".join(
-                 f"J={j}: {auto[j]['auto']['composed_gain']:+.2f} / control {auto[j]['auto']['control_delta']:+.2f} "
-                 f"vs 0.5: {auto[j]['fixed']['composed_gain']:+.2f} / {auto[j]['fixed']['control_delta']:+.2f}"
+                 f"J={j}: {_fi(auto[j]['auto'], 'composed_gain')} / control {_fi(auto[j]['auto'], 'control_delta')} "
+                 f"vs 0.5: {_fi(auto[j]['fixed'], 'composed_gain')} / {_fi(auto[j]['fixed'], 'control_delta')}"
                  for j in deep)),
-            (results["certify"]["certified_changed"] == 0,
+            (MET if results["certify"]["certified_changed"] == 0 else NOT_MET,
              f"beyond: certificate {results['certify']['certified_fraction']:.1%} certified, "
              f"{results['certify']['certified_changed']} certified predictions changed"),
         ]
-    lines = [("reproduced: " if ok else "NOT reproduced: ") + text for ok, text in checks]
+    lines = [f"{verdict}: {text}" for verdict, text in checks]
+    if any(verdict != MET and verdict != NOT_MET for verdict, _ in checks):
+        lines.append(f"{UNSURE}: the bar lies inside the figure's 95% interval (resampling the test images), or "
+                     "two figures' intervals overlap; figures in brackets are those intervals")
     if results["split"] == "train":
         lines.insert(0, TRAIN_BANNER)
     collapsed = [f"{m}/{t}" for m, q in results["zoo_quality"].items() for t, v in q.items() if not v["distinct"]]

@@ -260,6 +260,7 @@ class WorldSize:
     pretrain_style: str = "plain"  # how the pretraining images are drawn: PRETRAIN_STYLES
     downstream_shift: str = "shared"  # one shift for every task's splits, or a set of tasks' own: SHIFT_SETS
     train_extra: int = 0    # more fine-tuning images per class, from a stream of their own
+    test_extra: int = 0     # more held-out images per class (test-extra/), from a stream of their own
 
 
 def write_world(root: Path, size: WorldSize = WorldSize(), seed: int = 0,
@@ -306,6 +307,8 @@ def check_size(size: WorldSize) -> None:
                          f"shifts: {', '.join(DOWNSTREAM_SHIFTS)}")
     if size.train_extra < 0:
         raise InputError(f"train_extra is {size.train_extra}", "extra fine-tuning images per class: 0 or more")
+    if size.test_extra < 0:
+        raise InputError(f"test_extra is {size.test_extra}", "extra held-out images per class: 0 or more")
 
 
 def draw_labelled(folder: Path, task: str, style: Style, rng: random.Random, pool: list[int], per_class: int,
@@ -337,6 +340,10 @@ def write_task(root: Path, task: str, size: WorldSize = WorldSize(), seed: int =
     # train split's: every other split stays byte for byte what a world without them holds.
     draw_labelled(folder / "train", task, style, random.Random(f"{seed}/{task}/train-extra"), fit_pool,
                   size.train_extra, (images, targets), first=size.train)
+    # Extra held-out images (a folder of their own, so a committed test split stays as it is),
+    # from the held-out digits, in a stream of their own: what narrows the report's intervals.
+    draw_labelled(folder / "test-extra", task, style, random.Random(f"{seed}/{task}/test-extra"), test_pool,
+                  size.test_extra, (images, targets))
     path = folder / "task.yaml"
     path.write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
                                     "templates": list(templates)}, sort_keys=False))

@@ -23,7 +23,8 @@ def ensure_task(world_root, kind: str, size, seed: int, task: str) -> bool:
     """Write a task's folder again if any split is missing (splits a zoo does not commit come
     out byte for byte as first written: each task has its own random stream). True if written."""
     folder = world_root / "tasks" / task
-    if all((folder / split).is_dir() for split in SPLITS) and (folder / "task.yaml").is_file():
+    splits = (*SPLITS, "test-extra") if getattr(size, "test_extra", 0) else SPLITS
+    if all((folder / split).is_dir() for split in splits) and (folder / "task.yaml").is_file():
         return False
     world_module(kind).write_task(world_root, task, size, seed)
     return True

@@ -286,6 +286,37 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
     assert results["addition"]["cells"] == len(TINY.members) * (len(TINY.members) - 1) * len(TINY.source_tasks) * len(TINY.seeds)
 
 
+def test_headline_figures_carry_95_percent_intervals_from_resampling_the_test_images(zoo, results):
+    for dotted in ("addition.oracle_gain", "addition.cross_model_gain", "addition.random_utd_gain",
+                   "addition.composition.gain_a", "negation.lambda_1.removed_delta", "negation.lambda_1.control_delta",
+                   "agreement.same_task_cosine", "beyond.auto_strength.1.auto.composed_gain", "seeds.0.oracle_gain"):
+        *path, key = dotted.split(".")
+        node = results
+        for part in path:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        low, high = node[f"{key}_ci95"]
+        assert low <= node[key] <= high, dotted
+    # Every scored split holds the committed test images and the regenerated extra ones.
+    images = results["test_images"]
+    assert (images["per_class"], images["extra_per_class"]) == (TINY.world.test, TINY.world.test_extra) == (16, 4)
+    bank = Bank(zoo / "bank")
+    for task, count in images["per_task"].items():
+        assert count == 20 * len(bank.task(task).classes)
+    # Recomputed: negation at lambda 1, first seed, with the same resamples (each task's own,
+    # shared by every target, as the images are).
+    harness = paper.Zoo(zoo, resamples=images["resamples"])
+    harness.use_ridge(results["ridge"])
+    removed = []
+    for target, source in ((TINY.members[0].name, TINY.members[1].name), (TINY.members[1].name, TINY.members[0].name)):
+        view = harness.view(target)
+        for task in TINY.source_tasks:
+            edit = view.operator(task, harness.descriptor(task, source, TINY.seeds[0]), -1.0)
+            removed.append(100 * (view.accuracy(task, edit) - view.accuracy(task)))
+    mean = sum(removed) / len(removed)
+    assert float(mean) == pytest.approx(results["negation"]["lambda_1"]["removed_delta"])
+    assert mean.interval() == pytest.approx(results["negation"]["lambda_1"]["removed_delta_ci95"])
+
+
 def test_composed_retention_is_the_papers_protocol_recomputed_from_the_bank(zoo, results):
     """Table 1's two-task cells: each task's term from the other member at alpha 0.5, against the
     target's own two terms (the Oracle), recomputed here from the bank for every seed."""
@@ -312,7 +343,9 @@ def test_composed_retention_is_the_papers_protocol_recomputed_from_the_bank(zoo,
     assert by_task["oracle_gain"] == pytest.approx(sum(oracle["b"]) / len(oracle["b"]))
     assert by_task["cells"] == len(cross["b"])
     text = report.markdown(results, "paper-tiny")
-    assert f"| Oracle | {report._f(composition['oracle_gain_a'])} | {report._f(composition['oracle_gain_b'])} |" in text
+    low, high = composition["oracle_gain_a_ci95"]
+    assert (f"| Oracle | {report._f(composition['oracle_gain_a'])} [{report._f(low)}, {report._f(high)}] | "
+            f"{report._f(composition['oracle_gain_b'])} [") in text
     assert "| Paper's retention | 0.80 | 0.74 | |" in text
     assert any("two-task composed cells, the paper's protocol" in line for line in report.findings(results))
 

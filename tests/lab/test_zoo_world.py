@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 
 import numpy as np
 from PIL import Image
@@ -196,3 +197,28 @@ def test_extra_train_images_are_added_without_changing_any_other_file(tmp_path):
         assert len(pairs) == (SMALL.train + 3) * len(TASKS[task][0])
     with pytest.raises(InputError, match="train_extra is -1"):
         write_task(tmp_path / "less", "colour", dataclasses.replace(SMALL, train_extra=-1))
+
+
+def test_extra_test_images_go_to_a_folder_of_their_own_and_change_no_other_file(tmp_path):
+    """The committed test split stays as it is; the extra held-out images (what narrows the
+    report's intervals) come from a stream of their own, and ensure_task writes them when missing."""
+    from ptc.lab.zoo.worlds import ensure_task
+
+    write_world(tmp_path / "base", SMALL, seed=2)
+    bigger = dataclasses.replace(SMALL, test_extra=3)
+    write_world(tmp_path / "more", bigger, seed=2)
+    base, more = tree_digest(tmp_path / "base"), tree_digest(tmp_path / "more")
+    assert all(more.get(name) == digest for name, digest in base.items())
+    added = sorted(set(more) - set(base))
+    assert added == sorted(f"tasks/{task}/test-extra/{label}/{i:04d}.png" for task, (classes, _) in TASKS.items()
+                           for label in classes for i in range(3))
+    # Not the test split's images again: a stream of its own.
+    colour = tmp_path / "more" / "tasks" / "colour"
+    label = TASKS["colour"][0][0]
+    assert (colour / "test-extra" / label / "0000.png").read_bytes() != (colour / "test" / label / "0000.png").read_bytes()
+    shutil.rmtree(colour / "test-extra")
+    assert ensure_task(tmp_path / "more", "image", bigger, 2, "colour")
+    assert tree_digest(tmp_path / "more") == more
+    assert not ensure_task(tmp_path / "more", "image", bigger, 2, "colour")
+    with pytest.raises(InputError, match="test_extra is -1"):
+        write_task(tmp_path / "less", "colour", dataclasses.replace(SMALL, test_extra=-1))
