@@ -73,11 +73,54 @@ def _filesystem_error(exc: OSError) -> str:
     return f"{where}{exc.strerror or exc}" + (" (read-only or not yours?)" if isinstance(exc, PermissionError) else "")
 
 
+# -- flags every command takes, wherever they are written ---------------------------------------
+def _remember(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[f"ptc.{param.name}"] = True
+    return value
+
+
+def common_options() -> list[click.Option]:
+    """--debug, -q and -v: taken by every command (after it, as `ptc build r.yaml --debug`) and by
+    `ptc` itself (before it); read by `handled` when the command runs."""
+    def flag(names, help):
+        return click.Option(names, is_flag=True, expose_value=False, callback=_remember, help=help)
+    return [flag(["--debug"], "Show tracebacks and library warnings."),
+            flag(["-q", "--quiet"], "No progress on stderr: results and errors only."),
+            flag(["-v", "--verbose"], "More detail: library warnings, and each stage's time after a build.")]
+
+
+def with_common_options(command: click.Command) -> click.Command:
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            with_common_options(sub)
+    elif not any(p.name == "quiet" for p in command.params):
+        command.params.extend(common_options())
+    return command
+
+
+def _apply_common(ctx: click.Context) -> bool:
+    """Set verbosity from the flags given anywhere on the line; True under --debug."""
+    import os
+
+    from .progress import set_verbosity
+
+    debug, quiet, verbose = (bool(ctx.meta.get(f"ptc.{name}")) for name in ("debug", "quiet", "verbose"))
+    if quiet and verbose:
+        raise click.UsageError("-q and -v: give one or the other", ctx)
+    set_verbosity(quiet, verbose)
+    if not (debug or verbose):  # libraries' deprecation and config chatter is not for ptc's users
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    return debug
+
+
 def handled(command):
     """Turn library errors into one line and an exit code; --debug shows the traceback."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        debug = click.get_current_context().find_root().params.get("debug", False)
+        debug = _apply_common(click.get_current_context())
         try:
             return command(*args, **kwargs)
         except PtcError as exc:
@@ -118,6 +161,10 @@ class PtcGroup(click.Group):
     module imports no plugin)."""
 
     _plugins_loaded = False
+    group_class = type  # subgroups are PtcGroups: their commands get the common flags too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        super().add_command(with_common_options(cmd), name)
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
@@ -163,14 +210,10 @@ class PtcGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=PtcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PtcGroup, context_settings={"help_option_names": ["-h", "--help"]}, params=common_options())
 @click.version_option(__version__, prog_name="ptc")
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
-def main(debug: bool) -> None:
+def main() -> None:
     """ptc, the platonic task compiler: recipes of signed task sums -> edited encoders."""
-    if not debug:  # libraries' deprecation chatter is not for ptc's users
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def _bank(path: Path | None):
@@ -283,12 +326,17 @@ def build(recipe: Path, bank, out, force, batch_size, device, precision, export,
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from .build import execute, plan
     from .options import Options
+    from .progress import verbose
 
     options = Options(bank=bank, out=out, force=force, batch_size=batch_size, device=device, precision=precision,
                       export=export, locked=locked)
     p = plan(recipe, options)
-    for line in execute(p, options).summary_lines():
+    report = execute(p, options)
+    for line in report.summary_lines():
         click.echo(line)
+    if verbose():
+        timings = report.run.get("timings", {})
+        click.echo("stages: " + ", ".join(f"{stage} {seconds:.2f}s" for stage, seconds in timings.items()))
 
 
 @main.command("lock")
@@ -418,6 +466,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, dev
     from ..errors import OutputError
     from .finetune import finetune_lora
     from .fsio import check_output_location, check_replaceable
+    from .progress import note
 
     if out is None:
         raise OutputError("--out: required: the folder to write the adapter into", "pass --out DIR")
@@ -433,7 +482,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, dev
     stats = finetune_lora(targets.load(model), store.task(task_name), data, out, rank=rank,
                           alpha=2 * rank, steps=steps, seed=seed, dropout=dropout, replace=force,
                           device=_compute(device, "fp32").resolved(),
-                          echo=lambda line: click.echo(line, err=True))
+                          echo=note)
     click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
                f"last batch accuracy {stats['final_batch_accuracy']:.2f})")
 

@@ -8,13 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from .bank import Bank, TaskRecord
 from .compute import CPU, autocast, device_label, precision_of
 from .descriptor import class_embeddings
 from ..errors import BankError
 from .grid import grid_hash
+from .progress import track
 from ..timers import timed
 
 
@@ -91,8 +91,7 @@ def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forwa
     chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
     batches = _decoded(model, chunks)
-    for batch in tqdm(batches, total=len(chunks), desc=desc, unit="batch", disable=None if progress else True,
-                      leave=False):
+    for batch in track(batches, len(chunks), desc, "batches", progress):
         with timed("forward"), autocast(model):
             rows.append(forward(batch))
     return rows

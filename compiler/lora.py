@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from tqdm import tqdm
 
+from .progress import Progress
 from ..targets.base import Trainable
 from ..errors import InputError
 
@@ -43,13 +43,14 @@ def train(module, steps: int, step_loss: Callable[[int], tuple[torch.Tensor, dic
           desc: str, progress: bool = True) -> dict:
     """Run `steps` AdamW steps of `step_loss(step) -> (loss, figures for the progress bar)`."""
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
-    bar = tqdm(range(steps), desc=desc, disable=None if progress else True, leave=False)
     figures: dict = {}
-    for step in bar:
-        loss, figures = step_loss(step)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        figures = {"loss": loss.item(), **figures}
-        bar.set_postfix({k: f"{v:.4g}" for k, v in figures.items()})
+    with Progress(steps, desc, "steps", progress) as bar:
+        for step in range(steps):
+            loss, figures = step_loss(step)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            figures = {"loss": loss.item(), **figures}
+            bar.set_postfix(**{k: f"{v:.4g}" for k, v in figures.items()})
+            bar.update()
     return figures

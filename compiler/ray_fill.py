@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from .progress import Progress
 from .bank import Bank, TaskRecord
 from .compute import Compute
 from .bankfill import SourceSpec, same_source
@@ -73,11 +73,11 @@ def _solve_job(factor_tensors, descriptor, ridge: float, threads: int):
 
 def _gather(ray, refs: list, desc: str, progress: bool) -> list:
     """ray.get with a progress bar that advances as tasks finish, results in submission order."""
-    pending, bar = list(refs), tqdm(total=len(refs), desc=desc, disable=None if progress else True, leave=False)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        bar.update(len(done))
-    bar.close()
+    pending = list(refs)
+    with Progress(len(refs), desc, "tasks", progress) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            bar.update(len(done))
     return ray.get(refs)
 
 

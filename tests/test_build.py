@@ -177,3 +177,30 @@ def test_the_onnx_export_prints_no_exporter_chatter(tmp_path):
     assert (tmp_path / "vision_model.onnx.data").is_file()
     for chatter in ("Skipping constant folding", "[torch.onnx]", "Translate the graph"):
         assert chatter not in result.stderr and chatter not in result.stdout, (chatter, result.stderr)
+
+
+def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, built, tmp_path):
+    """stderr captured (a log file, CI): each embedding step says how far it got and how long it
+    took, in plain lines, and stdout ends with the build's summary; `-q` leaves stderr empty.
+    The flags go after the command as well as before it."""
+    import re
+
+    _, result = built  # the session's cold build: it embedded the target's grids
+    done = [line for line in result.stderr.splitlines() if line.endswith(" done")]
+    assert any(re.fullmatch(r"embed colour: (\d+)/\1 batches, \d+\.\d s done", line) for line in done), result.stderr
+    assert "\r" not in result.stderr
+    assert result.stdout.splitlines()[-2].startswith("built ")  # then the lock's line
+    bank = tmp_path / "bank"
+    import shutil
+    shutil.copytree(world.bank, bank)
+    shutil.rmtree(bank / "embeddings")  # cold again: every grid is embedded
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank))
+    quiet = run_ptc("build", recipe, "-q", "--no-export")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout.splitlines()[-1].startswith("verified (--no-export")
+    shutil.rmtree(bank / "embeddings")
+    verbose = run_ptc("build", recipe, "--no-export", "-v")
+    assert verbose.returncode == 0 and "embed colour:" in verbose.stderr
+    assert re.search(r"^stages: .*embed \d+\.\d\ds", verbose.stdout, re.M), verbose.stdout
+    both = run_ptc("build", recipe, "-q", "-v")
+    assert both.returncode == 2 and both.stderr.startswith("ptc: error: -q and -v: give one or the other")
