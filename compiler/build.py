@@ -23,6 +23,7 @@ from .evaluate import zero_shot_accuracy
 from .export import (fp16_variant, min_row_cosine, model_card, run_onnx,
                      stamp_safetensors, write_triton_model)
 from .fsio import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
+from .plot import PLOT_NAME, evaluation_png
 from .lockfile import (LOCK_NAME, RUN_RECORD, check_locked, describe, differences, lock_document, lock_inputs,
                        output_files, previous_lock, recipe_lock_path, refuse_foreign_lock, sha256_of,
                        write_recipe_lock)
@@ -289,6 +290,8 @@ def _write_output(plan_: Plan, options: Options, derived: dict, context: tuple,
                 record = _terms_file_record(plan_, target, terms)
                 write_terms(staging / TERMS_FILE, edit.term_edits, record["terms"], record["tasks"], record["target"])
             write_json_atomic(staging / "report.json", report.to_json())
+            if report.evaluation:
+                write_bytes_atomic(staging / PLOT_NAME, evaluation_png(report.evaluation, report.terms))
             write_bytes_atomic(staging / "README.md",
                                model_card(target, recipe.target, edit.card, terms, report.to_json()).encode("utf-8"))
             outputs = {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..targets.base import Exportable, OnnxTower
 
 from . import __version__
 from ..errors import OutputError
 from .fsio import atomic_file, safetensors_header
+from .plot import PLOT_NAME
 from .towers import copy_onnx, save_onnx
 
 ONNX_OPSET = 18
@@ -217,7 +219,9 @@ def write_triton_model(repository: Path, name: str, onnx_path: Path, max_batch_s
 
 
 def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:
-    """The output's README.md, with Hugging Face model-card front matter."""
+    """The output's README.md: a Hugging Face model card (huggingface_hub's ModelCard), whose
+    `base_model` is the Hub id the target came from (none for a local folder) and whose
+    model-index holds the held-out evaluation."""
     verify, lock_hash = report["verify"], report["lock_hash"]
     rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |" for t in terms)
     lin, eq = verify["linearity"], verify["equivalence"]
@@ -242,11 +246,15 @@ def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict
         loading.append("### Triton\n```bash\ntritonserver --model-repository=triton\n"
                        f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"
                        "# infer: POST /v2/models/<name>/infer with the inputs of config.pbtxt\n```")
-    front = {"base_model": target_ref, "library_name": encoder.library, "pipeline_tag": encoder.pipeline_tag,
-             "tags": tags}
-    front_matter = "\n".join(f"{k}: {json.dumps(v)}" for k, v in front.items())
-    return f"""---
-{front_matter}
+    evaluation = report.get("evaluation") or {}
+    data = ModelCardData(base_model=encoder.hub_id, library_name=encoder.library,
+                         pipeline_tag=encoder.pipeline_tag, tags=tags,
+                         model_name=f"ptc edit of {target_ref}" if evaluation else None,
+                         eval_results=_eval_results(evaluation, encoder.pipeline_tag) or None)
+    pictured = f"\n## Held-out evaluation\n{_evaluation_table(evaluation)}\n\n![held-out accuracy]({PLOT_NAME})\n" \
+        if evaluation else ""
+    return str(ModelCard(f"""---
+{data.to_yaml()}
 ---
 
 # Edited encoder built by ptc {__version__}
@@ -260,10 +268,24 @@ The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 
 ## Verification
 {chr(10).join(figures)}
-
+{pictured}
 Lock hash: `{lock_hash}` (see `ptc.lock`; the ONNX graphs and safetensors files carry it in
 their metadata). Outputs: {', '.join(report['formats'])}; precision: {', '.join(report['precision'])}.
 
 ## Loading
 {chr(10).join(loading)}
-"""
+"""))
+
+
+def _eval_results(evaluation: dict[str, dict], task_type: str) -> list[EvalResult]:
+    """The card's model-index: per evaluated task, top-1 accuracy after the edit and before it."""
+    return [EvalResult(task_type=task_type, dataset_type=task, dataset_name=task, dataset_split="held-out",
+                       metric_type="accuracy", metric_name=f"top-1 accuracy {when} ({f['role']})",
+                       metric_value=round(f[key], 6))
+            for task, f in evaluation.items() for when, key in (("after the edit", "after"), ("zero-shot", "before"))]
+
+
+def _evaluation_table(evaluation: dict[str, dict]) -> str:
+    rows = "\n".join(f"| {task} | {f['role']} | {f['before']:.3f} | {f['after']:.3f} | {f['delta_points']:+.1f} |"
+                     for task, f in evaluation.items())
+    return f"| task | role | zero-shot | edited | points |\n| --- | --- | --- | --- | --- |\n{rows}"

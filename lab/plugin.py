@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 # What the `lab` extra installs beyond the product: without them the lab adds nothing.
-LAB_DEPENDENCIES = ("sklearn", "matplotlib")
+LAB_DEPENDENCIES = ("sklearn",)
 
 
 def installed() -> bool:

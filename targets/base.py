@@ -115,6 +115,7 @@ class Exportable(Protocol):
     library: str       # the library whose format save_native writes, e.g. "transformers"
     pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
     edit_site: str     # where the edit lives, for the model card, e.g. "`visual_projection`"
+    hub_id: str | None  # the Hugging Face Hub id it was loaded from (via the local cache), else None
 
     def onnx_towers(self) -> list[OnnxTower]:
         """The towers to export: the input tower first, its inputs named as a batch's keys

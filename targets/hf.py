@@ -78,7 +78,10 @@ def _family_for(folder: Path, rest: str):
 
 def load(rest: str, base_dir: Path):
     folder = resolve_dir(rest, base_dir)
-    return _family_for(folder, rest)(folder, ref=f"hf:{rest}")
+    encoder = _family_for(folder, rest)(folder, ref=f"hf:{rest}")
+    # Not a local folder, so resolve_dir found it in the Hub cache: the name is a Hub id.
+    encoder.hub_id = None if (base_dir / Path(rest).expanduser()).is_dir() else rest
+    return encoder
 
 
 def check(rest: str, base_dir: Path) -> str:
@@ -102,6 +105,7 @@ class HFDualEncoder(OnDevice):
     text_prefixes: tuple[str, ...]
     library = "transformers"
     pipeline_tag = "zero-shot-image-classification"
+    hub_id: str | None = None
     contrastive_loss = "softmax"
 
     def __init__(self, model, tokenizer, processor, ref: str):

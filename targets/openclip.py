@@ -90,6 +90,7 @@ class OpenClip(OnDevice):
 
     library = "open_clip"
     pipeline_tag = "zero-shot-image-classification"
+    hub_id: str | None = None  # local checkpoints only: ptc reads no hf-hub: reference
     contrastive_loss = "softmax"
 
     def __init__(self, model, config: dict, preprocess, tokenizer, ref: str):

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 
 from conftest import REPO, run_ptc
 
@@ -73,3 +74,12 @@ def test_the_readme_demo_exports_and_reports_what_it_printed(tmp_path, checkout)
     assert report["evaluation"]["background"]["role"] == "held out"
     for task, figures in report["evaluation"].items():
         assert f"held-out zero-shot {task:<12} {figures['before']:.3f} -> {figures['after']:.3f}" in result.stdout
+    # The card's model-index holds the same figures, and its picture is there.
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    results = {(r.dataset_name, r.metric_name): r.metric_value for r in card.data.eval_results}
+    for task, figures in report["evaluation"].items():
+        assert results[(task, f"top-1 accuracy after the edit ({figures['role']})")] == round(figures["after"], 6)
+        assert results[(task, f"top-1 accuracy zero-shot ({figures['role']})")] == round(figures["before"], 6)
+    assert card.data.base_model is None  # the zoo's member is a local folder, not a Hub model
+    assert "![held-out accuracy](evaluation.png)" in card.text
+    assert (tmp_path / "out" / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

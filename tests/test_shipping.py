@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 from safetensors import safe_open
 
 from conftest import clip_pixels, run_ptc, write_recipe
@@ -95,9 +96,11 @@ def test_provenance_in_onnx_and_safetensors_metadata(shipped):
 def test_model_card_front_matter_and_loading_sections(shipped):
     out, report = shipped
     card = (out / "README.md").read_text()
-    front = yaml.safe_load(card.split("---")[1])
-    assert front["library_name"] == "transformers" and front["pipeline_tag"] == "zero-shot-image-classification"
-    assert front["base_model"] == report["target"]["ref"] and "ptc" in front["tags"]
+    loaded = ModelCard.load(out / "README.md")  # what the Hub and huggingface_hub read
+    assert loaded.data.library_name == "transformers" and loaded.data.pipeline_tag == "zero-shot-image-classification"
+    # A local folder is no Hub id: base_model is left out rather than filled with a path.
+    assert loaded.data.base_model is None and "base_model" not in yaml.safe_load(card.split("---")[1])
+    assert "ptc" in loaded.data.tags
     for heading in ("### transformers", "### onnxruntime", "### Triton"):
         assert heading in card
     assert report["lock_hash"] in card and "| colour | src | +0.5 |" in card
@@ -165,3 +168,17 @@ def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_see
     vision = report["onnx_interface"]["onnx/vision_model.onnx"]
     assert vision["inputs"][0]["shape"][1:] == [3, 32, 32] and isinstance(vision["inputs"][0]["shape"][0], str)
     assert vision["outputs"][0]["name"] == "image_embeds" and vision["outputs"][0]["dtype"] == "float32"
+
+
+def test_a_target_from_the_hub_cache_is_the_cards_base_model(world, shipped, monkeypatch):
+    """hf:org/name found in the local Hugging Face cache (not a folder here) is a Hub id."""
+    from ptc import targets
+    from ptc.compiler.export import model_card
+    import ptc.targets.hf as hf
+
+    monkeypatch.setattr(hf, "_cache_dir_for", lambda model_id: world.target if model_id == "org/tiny-clip" else None)
+    encoder = targets.load("hf:org/tiny-clip")
+    assert encoder.hub_id == "org/tiny-clip" and targets.load(f"hf:{world.target}").hub_id is None
+    _, report = shipped
+    card = ModelCard(model_card(encoder, "hf:org/tiny-clip", "edit", report["terms"], report))
+    assert card.data.base_model == "org/tiny-clip"
