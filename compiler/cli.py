@@ -258,12 +258,12 @@ def task_list(bank: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = [("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")] + [
-        (r["task"], f"{r['probes']} x {r['classes']}", r["grid"][:12], ", ".join(r["descriptors"]) or "-")
-        for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
-    for row in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    from .bankshow import table
+
+    for line in table([("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")] + [
+            (r["task"], f"{r['probes']} x {r['classes']}", r["grid"][:12], ", ".join(r["descriptors"]) or "-")
+            for r in rows]):
+        click.echo(line)
 
 
 # -- descriptors ----------------------------------------------------------------------------------
@@ -489,7 +489,7 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, dev
 
 @main.group("bank")
 def bank_group() -> None:
-    """Fill and verify the operator bank."""
+    """Fill, show and verify the operator bank."""
 
 
 @bank_group.command("build")
@@ -511,6 +511,28 @@ def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, 
         "tasks_registered", "descriptors_computed", "embeddings_computed", "factors_computed", "operators_solved"))
     where = f"Ray at {ray_address}" if ray_address else "in-process"
     click.echo(f"bank {store.root} ({where}): {figures}")
+
+
+@bank_group.command("show")
+@options("bank")
+@JSON_FLAG
+@handled
+def bank_show(bank, as_json) -> None:
+    """What the bank holds: tasks and their descriptors (made from which source and fine-tune),
+    cached embeddings, factors, operators and exports by model, with sizes. Reads records only."""
+    from .bankshow import describe, lines
+
+    store = _bank(bank)
+    if not (store.root / "bank.json").is_file():
+        from ..errors import BankError
+        raise BankError(f"no bank at {store.root} (no bank.json there)",
+                        "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one")
+    shown = describe(store)
+    if as_json:
+        click.echo(json.dumps(shown, indent=2))
+        return
+    for line in lines(shown):
+        click.echo(line)
 
 
 @bank_group.command("upgrade")
