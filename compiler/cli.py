@@ -14,6 +14,7 @@ import click
 
 from . import __version__
 from ..errors import PtcError
+from .grammar import flag
 
 def options(*names: str):
     """The flags of these run options (compiler/options.py defines each once: flag, default,
@@ -50,7 +51,7 @@ def _compute(device: str, precision: str):
     return compute
 
 
-JSON_FLAG = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+JSON_FLAG = flag("--json", "as_json", is_flag=True)
 
 
 def _fail(message: str, code: int) -> None:
@@ -83,11 +84,12 @@ def _remember(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
 def common_options() -> list[click.Option]:
     """--debug, -q and -v: taken by every command (after it, as `ptc build r.yaml --debug`) and by
     `ptc` itself (before it); read by `handled` when the command runs."""
-    def flag(names, help):
-        return click.Option(names, is_flag=True, expose_value=False, callback=_remember, help=help)
-    return [flag(["--debug"], "Show tracebacks and library warnings."),
-            flag(["-q", "--quiet"], "No progress on stderr: results and errors only."),
-            flag(["-v", "--verbose"], "More detail: library warnings, and each stage's time after a build.")]
+    from .grammar import ARGUMENTS
+
+    def switch(*names):
+        return click.Option(list(names), is_flag=True, expose_value=False, callback=_remember,
+                            help=ARGUMENTS[names[-1]])
+    return [switch("--debug"), switch("-q", "--quiet"), switch("-v", "--verbose")]
 
 
 def with_common_options(command: click.Command) -> click.Command:
@@ -154,17 +156,23 @@ def _command_path(ctx: click.Context) -> str:
 COMMAND_PLUGINS = "ptc.commands"  # entry points: a callable taking ptc's group (the lab's commands)
 
 
-class PtcGroup(click.Group):
-    """click, with every usage error (an unknown option, a value out of range) as one line and
-    exit 2 like any other bad input, SIGTERM handled as Ctrl-C is, and the commands of
-    installed plugins added when the group is first asked for its commands (importing this
-    module imports no plugin)."""
+class PtcSubgroup(click.Group):
+    """A group of ptc's (`ptc task`, `ptc bank`): every command added gets the common flags."""
 
-    _plugins_loaded = False
-    group_class = type  # subgroups are PtcGroups: their commands get the common flags too
+    group_class = type
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         super().add_command(with_common_options(cmd), name)
+
+
+class PtcGroup(PtcSubgroup):
+    """ptc itself: click, with every usage error (an unknown option, a value out of range) as
+    one line and exit 2 like any other bad input, SIGTERM handled as Ctrl-C is, and the
+    commands of installed plugins added when it is first asked for its commands (importing
+    this module imports no plugin)."""
+
+    _plugins_loaded = False
+    group_class = PtcSubgroup
 
     def _load_plugins(self) -> None:
         if self._plugins_loaded:
@@ -230,7 +238,7 @@ def task() -> None:
 @task.command("add")
 @click.argument("task_file", type=click.Path(path_type=Path))
 @options("bank")
-@click.option("--replace", is_flag=True, help="Re-register a task whose grid changed.")
+@flag("--replace", is_flag=True)
 @handled
 def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
     """Register TASK_FILE (name, probes, classes, templates) in the bank."""
@@ -278,10 +286,10 @@ def descriptor() -> None:
 
 
 @descriptor.command("add")
-@click.option("--task", "task_name", required=True, help="Registered task name.")
-@click.option("--source", required=True, help="Pre-trained source model reference, e.g. hf:/models/clip.")
-@click.option("--finetuned", required=True, help="Fine-tuned model reference or folder, or a peft adapter folder.")
-@click.option("--id", "descriptor_id", default=None, help="Descriptor id (default: the source's folder name).")
+@flag("--task", "task_name", required=True)
+@flag("--source", required=True)
+@flag("--finetuned", required=True)
+@flag("--id", "descriptor_id", default=None)
 @options("batch_size", "device", "precision", "bank")
 @handled
 def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, device, precision, bank) -> None:
@@ -300,13 +308,22 @@ def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, devi
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
 @options("bank", "out")
+@JSON_FLAG
 @handled
-def check(recipe: Path, bank, out) -> None:
+def check(recipe: Path, bank, out, as_json) -> None:
     """Validate RECIPE and resolve every term against the bank, loading no weights."""
     from .build import plan
     from .options import Options
 
     p = plan(recipe, Options(bank=bank, out=out, export=False))  # check writes nothing: an existing output is fine
+    if as_json:
+        click.echo(json.dumps({
+            "recipe": str(p.recipe_path), "target": p.recipe.target, "target_location": str(p.target_location),
+            "route": p.recipe.route, "bank": str(p.bank.root), "output": str(p.out_dir) if p.out_dir else None,
+            "terms": [{"task": pt.term.task, "source": pt.term.label, "weight": pt.term.weight,
+                       "sources": list(pt.term.sources), "probes": len(pt.task.probes),
+                       "classes": len(pt.task.classes), "grid": pt.task.grid_hash} for pt in p.terms]}, indent=2))
+        return
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
     click.echo(f"route {p.recipe.route}")
     for pt in p.terms:
@@ -342,8 +359,7 @@ def build(recipe: Path, bank, out, force, batch_size, device, precision, export,
 @main.command("lock")
 @click.argument("recipe", type=click.Path(path_type=Path))
 @options("bank")
-@click.option("--lock-file", type=click.Path(path_type=Path), default=None,
-              help="Where to write the lock (default: RECIPE with the suffix .lock).")
+@flag("--lock-file", type=click.Path(path_type=Path), default=None)
 @handled
 def lock_command(recipe: Path, bank, lock_file) -> None:
     """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
@@ -366,8 +382,7 @@ def lock_command(recipe: Path, bank, lock_file) -> None:
 
 @main.command("verify")
 @click.argument("output", type=click.Path(path_type=Path))
-@click.option("--lock-file", type=click.Path(path_type=Path), default=None,
-              help="Check against this lock (a recipe's committed lock) instead of OUTPUT/ptc.lock.")
+@flag("--lock-file", type=click.Path(path_type=Path), default=None)
 @JSON_FLAG
 @handled
 def verify_command(output: Path, lock_file, as_json) -> None:
@@ -406,8 +421,8 @@ def diff_command(a: Path, b: Path, as_json) -> None:
 
 @main.command()
 @click.argument("output", type=click.Path(path_type=Path))
-@click.option("--data", type=click.Path(path_type=Path), required=True, help="Folder of inputs (no labels needed).")
-@click.option("--task", "task_name", default=None, help="Which term task (needed when OUTPUT edits several).")
+@flag("--data", type=click.Path(path_type=Path), required=True)
+@flag("--task", "task_name", default=None)
 @options("batch_size", "device", "precision")
 @JSON_FLAG
 @handled
@@ -431,8 +446,8 @@ def certify(output: Path, data: Path, task_name, batch_size, device, precision, 
 # -- evaluation, fine-tuning, bank ----------------------------------------------------------------
 @main.command("eval")
 @click.argument("model")
-@click.option("--task", "task_name", required=True)
-@click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
+@flag("--task", "task_name", required=True)
+@flag("--data", type=click.Path(path_type=Path), required=True)
 @JSON_FLAG
 @options("batch_size", "device", "precision", "bank")
 @handled
@@ -448,15 +463,13 @@ def eval_command(model, task_name, data, as_json, batch_size, device, precision,
 
 
 @main.command()
-@click.option("--task", "task_name", required=True)
-@click.option("--model", required=True, help="Model reference to fine-tune.")
-@click.option("--data", type=click.Path(path_type=Path), required=True, help="Labelled folder DIR/<class>/*.")
-@click.option("--rank", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=250, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
-              show_default=True,
-              help="peft's lora_dropout while training (a regulariser; nothing changes at inference).")
+@flag("--task", "task_name", required=True)
+@flag("--source", "model", required=True)
+@flag("--data", type=click.Path(path_type=Path), required=True)
+@flag("--rank", type=click.IntRange(min=1), default=4, show_default=True)
+@flag("--steps", type=click.IntRange(min=1), default=250, show_default=True)
+@flag("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@flag("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0, show_default=True)
 @options("out", "force", "device", "bank")
 @handled
 def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, device, bank) -> None:
@@ -495,9 +508,8 @@ def bank_group() -> None:
 @bank_group.command("build")
 @click.argument("plan_file", type=click.Path(path_type=Path))
 @options("bank")
-@click.option("--ray", "ray_address", default=None, metavar="ADDRESS|local",
-              help="Run forward passes and solves as Ray tasks (a cluster address, or 'local').")
-@click.option("--replace", is_flag=True, help="Re-register tasks whose grid changed.")
+@flag("--ray", "ray_address", default=None, metavar="ADDRESS|local")
+@flag("--replace", is_flag=True)
 @options("batch_size", "device", "precision")
 @handled
 def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, precision) -> None:

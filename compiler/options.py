@@ -22,9 +22,10 @@ def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dic
 @dataclass(frozen=True)
 class Options:
     bank: Path | None = field(default=None, metadata=_flag(
-        "--bank", "path", "Bank folder (default: a recipe's `bank:`, else $PTC_BANK, else ~/.cache/ptc/bank)."))
+        "--bank", "path", "Bank folder (default: the recipe's `bank:` where there is a recipe, else $PTC_BANK, "
+                          "else ~/.cache/ptc/bank)."))
     out: Path | None = field(default=None, metadata=_flag(
-        "--out", "path", "Output folder (for a recipe: overrides its export.out; for finetune: the adapter's)."))
+        "--out", "path", "Where the command writes its output (for a recipe, this overrides its export.out)."))
     force: bool = field(default=False, metadata=_flag(
         "--force", "switch", "Replace an output folder that ptc wrote (never one holding anything else)."))
     batch_size: int = field(default=64, metadata=_flag("--batch-size", "count", "Inputs per forward pass."))

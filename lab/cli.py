@@ -7,7 +7,28 @@ from pathlib import Path
 
 import click
 
-from ptc.compiler.cli import handled  # the product's one-line error handling
+from ptc.compiler.cli import JSON_FLAG, handled  # the product's one-line error handling
+from ptc.compiler.grammar import flags as product_flags
+
+# The lab's own flags, with the one help each has in every lab command (the product's table,
+# compiler/grammar.py, holds the flags both share: --out, --steps, --json).
+LAB_FLAGS = {
+    "--profile": "The zoo's profile: full (the image zoo), audio (the CLAP zoo), tiny and audio-tiny (test size).",
+    "--root": "Zoo folder (default: the profile's, under $PTC_ZOO or the repository's zoo/; for paper, a "
+              "test-size profile's under OUT).",
+    "--member": "Only this member (repeatable).",
+    "--split": "What to score: the held-out test splits (the report), or the train splits, to judge a change "
+               "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
+    "--quick": "CI-size run (under 5 minutes on 2 cores).",
+    "--size": "Model and grid size (default: small with --quick, vit-b otherwise). vit-b16 and vit-l14 build at "
+              "those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold the build to its floors.",
+    "--workdir": "Folder the demo writes its world, models, bank and output into.",
+}
+
+
+def flag(name: str, *declarations: str, **settings):
+    """click.option with the one help of `name`: the lab's table, else the product's."""
+    return click.option(name, *declarations, help=LAB_FLAGS.get(name) or product_flags()[name], **settings)
 
 COMMANDS: list = []  # (decorated command or group), added to the product's group by register()
 
@@ -47,11 +68,9 @@ def _profiles() -> list[str]:
 
 
 @zoo.command("build")
-@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True,
-              help="full: the image zoo; audio: the CLAP zoo; tiny, audio-tiny: test size.")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: $PTC_ZOO, else zoo/ in the repository; audio: its audio/ folder).")
-@click.option("--member", "members", multiple=True, help="Build only these members (repeatable).")
+@flag("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
+@flag("--root", type=click.Path(path_type=Path), default=None)
+@flag("--member", "members", multiple=True)
 @handled
 def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
     """Build the zoo, or continue an interrupted build where it stopped."""
@@ -70,9 +89,8 @@ def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None
 
 @zoo.command("merge")
 @click.argument("source", type=click.Path(path_type=Path))
-@click.option("--member", "members", multiple=True, required=True, help="A member to take from SOURCE (repeatable).")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="The zoo to merge into (default: $PTC_ZOO, else zoo/ in the repository).")
+@flag("--member", "members", multiple=True, required=True)
+@flag("--root", type=click.Path(path_type=Path), default=None)
 @handled
 def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None:
     """Take members built in another copy of this zoo (model, sources, descriptors, record)."""
@@ -84,25 +102,28 @@ def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None
 
 
 @zoo.command("show")
-@click.option("--root", type=click.Path(path_type=Path), default=None)
+@flag("--root", type=click.Path(path_type=Path), default=None)
+@JSON_FLAG
 @handled
-def zoo_show(root: Path | None) -> None:
+def zoo_show(root: Path | None, as_json: bool) -> None:
     """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
-    from .zoo.build import built_index, quality_rows
+    import json
 
-    for row in quality_rows(built_index(_zoo_dir(root))):
+    from .zoo.build import built_index, quality, quality_rows
+
+    index = built_index(_zoo_dir(root))
+    if as_json:
+        click.echo(json.dumps(quality(index), indent=2))
+        return
+    for row in quality_rows(index):
         click.echo(row)
 
 
 @_lab(click.command)
-@click.option("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Zoo folder (default: full: $PTC_ZOO or zoo/ in the repository, audio: its audio/ folder; "
-                   "tiny, audio-tiny: OUT/zoo-PROFILE); built or completed if needed.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
-@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True,
-              help="What to score: the held-out test splits (the report), or the train splits, to judge a "
-                   "change to the zoo before its test figures are seen (written as paper-PROFILE-train).")
+@flag("--profile", type=click.Choice(_profiles()), default="full", show_default=True)
+@flag("--root", type=click.Path(path_type=Path), default=None)
+@flag("--out", type=click.Path(path_type=Path), default=Path("results"), show_default=True)
+@flag("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @handled
 def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
@@ -126,13 +147,9 @@ REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14")
 
 
 @_lab(click.command)
-@click.option("--quick", is_flag=True, help="CI-size run (under 5 minutes on 2 cores).")
-@click.option("--size", type=click.Choice(["tiny", "small", "vit-b", *REAL_SIZES]), default=None,
-              help="Model and grid size (default: small with --quick, vit-b otherwise). vit-b16 and vit-l14 "
-                   "build at those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold "
-                   "the build to its floors.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="JSON results (default: benchmarks/results.json, or benchmarks/results-SIZE.json for a real size).")
+@flag("--quick", is_flag=True)
+@flag("--size", type=click.Choice(["tiny", "small", "vit-b", *REAL_SIZES]), default=None)
+@flag("--out", type=click.Path(path_type=Path), default=None)  # benchmarks/results[-SIZE].json
 @handled
 def bench(quick: bool, size: str | None, out: Path | None) -> None:
     """Measure the build against its floor; print a table and write JSON."""
@@ -158,8 +175,8 @@ def bench(quick: bool, size: str | None, out: Path | None) -> None:
 
 
 @_lab(click.command)
-@click.option("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=60, show_default=True, help="LoRA steps per source.")
+@flag("--workdir", type=click.Path(path_type=Path), default=Path("ptc-demo"), show_default=True)
+@flag("--steps", type=click.IntRange(min=1), default=60, show_default=True)  # each source's LoRA
 @handled
 def demo(workdir: Path, steps: int) -> None:
     """Run the built-in offline default end to end (tiny generated world and models)."""

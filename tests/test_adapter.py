@@ -75,7 +75,7 @@ def test_ctrl_c_during_finetune_leaves_nothing(world, tmp_path):
 
     out = tmp_path / "lora"
     process = subprocess.Popen([sys.executable, "-m", "ptc.compiler.cli", "finetune", "--task", "colour",
-                                "--model", f"hf:{world.source}", "--data", world.tasks["colour"].parent / "train",
+                                "--source", f"hf:{world.source}", "--data", world.tasks["colour"].parent / "train",
                                 "--out", out, "--steps", "100000", "--bank", world.bank],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"},

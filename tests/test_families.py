@@ -204,14 +204,14 @@ def test_lora_dropout_on_a_vit_whose_lora_adapts_parameters_is_refused_in_one_li
     # An open_clip ViT's LoRA adapts in_proj_weight through peft's ParamWrapper, which has no
     # input to drop: peft would raise mid-setup; ptc says why before training anything.
     source = f"open_clip:local-dir:{open_clip_models['source']}"
-    result = run_ptc("finetune", "--task", "colour", "--model", source, "--data",
+    result = run_ptc("finetune", "--task", "colour", "--source", source, "--data",
                      world.tasks["colour"].parent / "train", "--out", tmp_path / "lora", "--steps", "2",
                      "--lora-dropout", "0.1", "--bank", bank_copy)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert f"{source}: LoRA dropout needs LoRA on modules" in result.stderr
     assert "in_proj_weight" in result.stderr and "(hint: use --lora-dropout 0 for it)" in result.stderr
     assert not (tmp_path / "lora").exists()
-    result = run_ptc("finetune", "--task", "colour", "--model", source, "--data",
+    result = run_ptc("finetune", "--task", "colour", "--source", source, "--data",
                      world.tasks["colour"].parent / "train", "--out", tmp_path / "lora", "--steps", "2",
                      "--bank", bank_copy)
     assert result.returncode == 0, result.stderr  # without dropout the same model fine-tunes

@@ -47,7 +47,7 @@ def test_full_checkpoint_and_adapter_give_the_same_descriptor(world):
 
 def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path):
     data = world.tasks["shape"].parent / "train"
-    result = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data,
+    result = run_ptc("finetune", "--task", "shape", "--source", f"hf:{world.source}", "--data", data,
                      "--out", tmp_path / "lora", "--steps", "3", "--bank", bank_copy)
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
@@ -60,7 +60,7 @@ def test_descriptor_add_and_finetune_through_the_cli(world, bank_copy, tmp_path)
     assert "descriptor shape/cli: 16x3" in result.stdout
     assert "cli" in Bank(bank_copy).descriptor_ids("shape")
     # The refusal to overwrite a non-empty adapter folder.
-    again = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data,
+    again = run_ptc("finetune", "--task", "shape", "--source", f"hf:{world.source}", "--data", data,
                     "--out", tmp_path / "lora", "--steps", "1", "--bank", bank_copy)
     assert again.returncode == 2 and "--force" in again.stderr
 
@@ -72,7 +72,7 @@ def test_lora_dropout_reaches_training_and_the_adapter_records_it(world, bank_co
     from safetensors.torch import load_file
 
     data = world.tasks["shape"].parent / "train"
-    common = ("finetune", "--task", "shape", "--model", f"hf:{world.source}", "--data", data, "--steps", "3",
+    common = ("finetune", "--task", "shape", "--source", f"hf:{world.source}", "--data", data, "--steps", "3",
               "--bank", bank_copy)
     for name, rate in (("plain", "0"), ("dropped", "0.5")):
         result = run_ptc(*common, "--out", tmp_path / name, "--lora-dropout", rate)
@@ -91,7 +91,7 @@ def test_lora_dropout_reaches_training_and_the_adapter_records_it(world, bank_co
 
 
 def test_lora_dropout_outside_its_range_is_refused_before_anything_is_written(world, bank_copy, tmp_path):
-    result = run_ptc("finetune", "--task", "shape", "--model", f"hf:{world.source}",
+    result = run_ptc("finetune", "--task", "shape", "--source", f"hf:{world.source}",
                      "--data", world.tasks["shape"].parent / "train", "--out", tmp_path / "lora",
                      "--lora-dropout", "1", "--bank", bank_copy)
     assert result.returncode == 2

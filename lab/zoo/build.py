@@ -241,18 +241,27 @@ def build_zoo(root: Path, profile: Profile, echo: Callable[[str], None] = print,
     return index
 
 
-def quality_rows(index: dict) -> list[str]:
-    """The zoo's own quality report, one line per (member, task)."""
+def quality(index: dict) -> list[dict]:
+    """The zoo's own quality report, one record per (member, task)."""
     rows = []
     for name, record in index.get("members", {}).items():
         for task, q in record.get("quality", {}).items():
             tuned = [s["finetuned_zero_shot"] for key, s in record.get("sources", {}).items()
                      if key.startswith(f"{task}-s") and "finetuned_zero_shot" in s]
-            tuned_text = f"fine-tuned {sum(tuned) / len(tuned):.3f}" if tuned else "control"
-            flag = "" if q["distinct"] else "  COLLAPSED"
-            rows.append(f"{name:<8} {task:<11} zero-shot {q['zero_shot']:.3f} (chance {q['chance']:.3f})  "
-                        f"prompt cosine {q['prompt_cosine']:.3f}  {tuned_text}{flag}")
+            rows.append({"member": name, "task": task, "zero_shot": q["zero_shot"], "chance": q["chance"],
+                         "prompt_cosine": q["prompt_cosine"], "distinct": q["distinct"],
+                         "finetuned_zero_shot": sum(tuned) / len(tuned) if tuned else None})
     return rows
+
+
+def quality_rows(index: dict) -> list[str]:
+    """The quality report as an aligned table with a header row."""
+    from ptc.compiler.bankshow import table
+
+    return table([("MEMBER", "TASK", "ZERO-SHOT", "CHANCE", "PROMPT COSINE", "FINE-TUNED", "NOTE")] + [
+        (r["member"], r["task"], f"{r['zero_shot']:.3f}", f"{r['chance']:.3f}", f"{r['prompt_cosine']:.3f}",
+         "control" if r["finetuned_zero_shot"] is None else f"{r['finetuned_zero_shot']:.3f}",
+         "" if r["distinct"] else "COLLAPSED") for r in quality(index)])
 
 
 def collapsed(index: dict) -> list[str]:
