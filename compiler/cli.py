@@ -338,8 +338,9 @@ def check(recipe: Path, bank, out, as_json) -> None:
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
 @options("bank", "out", "force", "batch_size", "device", "precision", "export", "locked")
+@JSON_FLAG
 @handled
-def build(recipe: Path, bank, out, force, batch_size, device, precision, export, locked) -> None:
+def build(recipe: Path, bank, out, force, batch_size, device, precision, export, locked, as_json) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from .build import execute, plan
     from .options import Options
@@ -349,6 +350,10 @@ def build(recipe: Path, bank, out, force, batch_size, device, precision, export,
                       export=export, locked=locked)
     p = plan(recipe, options)
     report = execute(p, options)
+    if as_json:  # report.json's content, where it went, this run's record and what happened to the lock
+        click.echo(json.dumps({"out": str(report.out_dir) if report.out_dir else None, "report": report.to_json(),
+                               "run": report.run, "recipe_lock": report.recipe_lock}, indent=2, default=str))
+        return
     for line in report.summary_lines():
         click.echo(line)
     if verbose():

@@ -168,16 +168,17 @@ def _plan_folders(folders: dict[str, str], field: str, recipe_path: Path, bank: 
     """(task, folder) for a recipe block mapping task names to data folders."""
     planned = []
     for name, folder in folders.items():
+        where = _where(recipe_path, (field, name))
         if only is not None and name not in only:
-            raise RecipeError(f"{recipe_path}: {field}.{name}: {name!r} is no term's task",
+            raise RecipeError(f"{where}: {field}.{name}: {name!r} is no term's task",
                               f"certify one of the recipe's tasks: {', '.join(sorted(only))}")
         try:
             task = bank.task(name)
         except PtcError as exc:
-            raise type(exc)(f"{recipe_path}: {field}.{name}: {exc.message}", exc.hint) from None
+            raise type(exc)(f"{where}: {field}.{name}: {exc.message}", exc.hint) from None
         data = (recipe_path.parent / Path(folder).expanduser()).resolve()
         if not data.is_dir():
-            raise RecipeError(f"{recipe_path}: {field}.{name}: {data} is not a folder", hint)
+            raise RecipeError(f"{where}: {field}.{name}: {data} is not a folder", hint)
         planned.append((task, data))
     return tuple(planned)
 
@@ -193,13 +194,14 @@ def _plan_controls(recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: se
     for index, name in enumerate(names):
         field = f"strength.control (bank task {name!r}, taken as no term edits it)" if implicit \
             else f"strength.control[{index}]"
+        where = recipe_path if implicit else _where(recipe_path, ("strength", "control", index))
         if name in term_tasks:
-            raise RecipeError(f"{recipe_path}: {field}: {name!r} is a term's task, not a control",
+            raise RecipeError(f"{where}: {field}: {name!r} is a term's task, not a control",
                               "a control grid must come from a task no term edits")
         try:
             task = bank.task(name)
             check_grid_unchanged(task)
         except PtcError as exc:
-            raise type(exc)(f"{recipe_path}: {field}: {exc.message}", exc.hint) from None
+            raise type(exc)(f"{where}: {field}: {exc.message}", exc.hint) from None
         controls.append(task)
     return tuple(controls)

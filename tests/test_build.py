@@ -202,5 +202,7 @@ def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, bu
     verbose = run_ptc("build", recipe, "--no-export", "-v")
     assert verbose.returncode == 0 and "embed colour:" in verbose.stderr
     assert re.search(r"^stages: .*embed \d+\.\d\ds", verbose.stdout, re.M), verbose.stdout
+    as_json = json.loads(run_ptc("build", recipe, "--no-export", "-q", "--json").stdout)
+    assert as_json["out"] is None and as_json["report"]["verify"]["linearity"]["max_rel_diff_fp64"] < 1e-12
     both = run_ptc("build", recipe, "-q", "-v")
     assert both.returncode == 2 and both.stderr.startswith("ptc: error: -q and -v: give one or the other")

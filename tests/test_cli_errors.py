@@ -38,6 +38,15 @@ def test_check_catches_bad_terms_in_one_line(world, tmp_path, terms, fragments):
     _one_line_error(result, 2, *fragments)
 
 
+def test_an_unknown_evaluation_task_names_its_line_and_the_task_it_may_have_meant(world, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, evaluate={"colour": str(world.tasks["colour"].parent / "test"),
+                                                                      "shapes": str(world.tasks["shape"].parent / "test")})
+    line = next(i for i, text in enumerate(recipe.read_text().splitlines(), 1) if text.strip().startswith("shapes:"))
+    result = run_ptc("check", recipe)
+    _one_line_error(result, 2, f"recipe.yaml:{line}: evaluate.shapes: task 'shapes' is not registered",
+                    "did you mean 'shape'?")
+
+
 def test_debug_shows_the_traceback(world, tmp_path):
     recipe = write_recipe(tmp_path / "recipe.yaml", world, terms=[{"task": "texture", "source": "src", "weight": 1.0}])
     result = run_ptc("--debug", "check", recipe)

@@ -14,7 +14,7 @@ from conftest import REPO, run_ptc
 
 BUILT_IN = {"--help", "--version"}
 # Commands that print results, and so print them as JSON on request.
-RESULTS = {"task list", "check", "verify", "diff", "certify", "eval", "bank show", "zoo show"}
+RESULTS = {"task list", "check", "build", "verify", "diff", "certify", "eval", "bank show", "zoo show"}
 
 
 def _commands(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()):
