@@ -114,7 +114,9 @@ def _apply_common(ctx: click.Context) -> bool:
     if not (debug or verbose):  # libraries' deprecation and config chatter is not for ptc's users
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].logging.set_verbosity_error()
     return debug
 
 
