@@ -20,8 +20,9 @@ def evaluation_png(evaluation: dict[str, dict], terms: list[dict]) -> bytes:
     figure, (accuracy, strengths) = plt.subplots(1, 2, figsize=(8, 0.45 * max(len(tasks), len(terms)) + 1.6),
                                                  gridspec_kw={"width_ratios": [3, 2]})
     rows = range(len(tasks))
-    accuracy.barh([r + 0.2 for r in rows], [100 * evaluation[t]["before"] for t in tasks], 0.4, label="zero-shot")
-    accuracy.barh([r - 0.2 for r in rows], [100 * evaluation[t]["after"] for t in tasks], 0.4, label="edited")
+    # The axis is inverted (first task on top): zero-shot above edited, as the legend reads.
+    accuracy.barh([r - 0.2 for r in rows], [100 * evaluation[t]["before"] for t in tasks], 0.4, label="zero-shot")
+    accuracy.barh([r + 0.2 for r in rows], [100 * evaluation[t]["after"] for t in tasks], 0.4, label="edited")
     accuracy.set_yticks(list(rows), [f"{t} ({evaluation[t]['role']})" for t in tasks])
     accuracy.set(xlabel="held-out top-1 accuracy (%)", xlim=(0, 100), title="Accuracy before and after")
     accuracy.invert_yaxis()
