@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .bank import Bank
 from .fsio import safetensors_header
+from .tables import table
 
 KINDS = ("descriptors", "embeddings", "factors", "operators")  # the bank's folders of safetensors entries
 
@@ -66,12 +67,6 @@ def describe(bank: Bank) -> dict:
 
 def _mb(count: int) -> str:
     return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.1f} kB"
-
-
-def table(rows: list[tuple[str, ...]]) -> list[str]:
-    """Aligned columns, the first row a header."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
 def lines(shown: dict) -> list[str]:

@@ -268,7 +268,7 @@ def task_list(bank: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from .bankshow import table
+    from .tables import table
 
     for line in table([("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")] + [
             (r["task"], f"{r['probes']} x {r['classes']}", r["grid"][:12], ", ".join(r["descriptors"]) or "-")

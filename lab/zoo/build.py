@@ -256,7 +256,7 @@ def quality(index: dict) -> list[dict]:
 
 def quality_rows(index: dict) -> list[str]:
     """The quality report as an aligned table with a header row."""
-    from ptc.compiler.bankshow import table
+    from ptc.compiler.tables import table
 
     return table([("MEMBER", "TASK", "ZERO-SHOT", "CHANCE", "PROMPT COSINE", "FINE-TUNED", "NOTE")] + [
         (r["member"], r["task"], f"{r['zero_shot']:.3f}", f"{r['chance']:.3f}", f"{r['prompt_cosine']:.3f}",

@@ -1,0 +1,9 @@
+"""Plain-text tables for what commands print: aligned columns under a header row."""
+
+from __future__ import annotations
+
+
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Aligned columns, the first row a header; trailing spaces trimmed."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
