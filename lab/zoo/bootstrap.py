@@ -16,6 +16,7 @@ the 2.5th and 97.5th percentiles of the resamples (a percentile interval).
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -79,7 +80,9 @@ class Score(float):
 
 
 def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A plain number (numpy's scalars included) or a Score. A numpy scalar on the left of an
+    operator computes first and drops the resamples: the harness keeps Scores on the left."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _divide(a, b):

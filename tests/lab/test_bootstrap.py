@@ -79,6 +79,7 @@ def test_a_pooled_ratio_is_the_ratio_on_each_resample():
     assert float(ratio) == pytest.approx((float(a) - float(c)) / (float(b) - float(c) + 1.0))
     assert ratio.resamples == pytest.approx((a.resamples - c.resamples) / (b.resamples - c.resamples + 1.0))
     assert sum([a, b, c]).resamples == pytest.approx(a.resamples + b.resamples + c.resamples)
+    assert (a * np.int64(2)).resamples == pytest.approx(2 * a.resamples)  # numpy scalars keep them too
 
 
 def test_comparisons_and_text_read_the_figure_and_intervals_become_siblings():
