@@ -347,9 +347,24 @@ class Bank:
         return len(records), [problem for problem in found if problem is not None]
 
     # -- maintenance --------------------------------------------------------------------------
-    def _entry_paths(self) -> list[str]:
+    def exists(self) -> bool:
+        """Whether a bank was ever written here (its marker)."""
+        return (self.root / MARKER).is_file()
+
+    def entry_paths(self) -> list[str]:
+        """Every tensor entry, relative to the root (temporaries left out)."""
         return [str(p.relative_to(self.root)) for p in sorted(self.root.rglob("*.safetensors"))
                 if not p.name.startswith(".") and SCRATCH not in p.relative_to(self.root).parts]
+
+    def entry_record(self, relpath: str) -> dict:
+        """An entry's sealed record, read off its header alone (no tensor read, nothing checked:
+        `verify_all` checks); {"unreadable": why} for a file that is not an entry ptc wrote."""
+        path = self.root / relpath
+        try:
+            with path.open("rb") as handle:
+                return json.loads(safetensors_header(handle, path.stat().st_size)["__metadata__"]["ptc"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return {"unreadable": f"{type(exc).__name__}: {exc}"}
 
     def verify_all(self) -> tuple[int, list[str]]:
         """Re-hash every entry and check it against its key and its task; return (entries
@@ -368,7 +383,7 @@ class Bank:
                 self.task(name)
             except BankError as exc:
                 problems.append(exc.message)
-        for relpath in self._entry_paths():
+        for relpath in self.entry_paths():
             count += 1
             try:
                 entry = self.read_entry(relpath)
@@ -405,7 +420,7 @@ class Bank:
             raise BankError(f"bank {self.root} has format {version}; ptc upgrades only format "
                             f"{', '.join(map(str, UPGRADABLE_FORMATS))}")
         entries, problems = [], []
-        for relpath in self._entry_paths():
+        for relpath in self.entry_paths():
             try:
                 entries.append((relpath, self._read_sealed(relpath)))
             except BankError as exc:

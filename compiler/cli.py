@@ -541,12 +541,7 @@ def bank_show(bank, as_json) -> None:
     cached embeddings, factors, operators and exports by model, with sizes. Reads records only."""
     from .bankshow import describe, lines
 
-    store = _bank(bank)
-    if not (store.root / "bank.json").is_file():
-        from ..errors import BankError
-        raise BankError(f"no bank at {store.root} (no bank.json there)",
-                        "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one")
-    shown = describe(store)
+    shown = describe(_bank(bank))
     if as_json:
         click.echo(json.dumps(shown, indent=2))
         return

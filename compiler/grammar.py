@@ -40,7 +40,8 @@ def flags() -> dict[str, str]:
     return {**{f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()}, **ARGUMENTS}
 
 
-def flag(name: str, *declarations: str, **settings) -> click.Option:
-    """click.option for the table's `name`, with its help; `declarations` add a short form or
-    the parameter's name, `settings` what differs by command (required, default, type)."""
-    return click.option(name, *declarations, help=flags()[name], **settings)
+def flag(name: str, *declarations: str, table: dict[str, str] | None = None, **settings) -> click.Option:
+    """click.option for `name`, with its help from `table` (a plugin's own flags) or this one;
+    `declarations` add a short form or the parameter's name, `settings` what differs by command
+    (required, default, type)."""
+    return click.option(name, *declarations, help={**flags(), **(table or {})}[name], **settings)

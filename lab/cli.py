@@ -3,12 +3,13 @@ product's CLI through its `ptc.commands` entry point, as a third party's would b
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
 
 from ptc.compiler.cli import JSON_FLAG, handled  # the product's one-line error handling
-from ptc.compiler.grammar import flags as product_flags
+from ptc.compiler.grammar import flag as product_flag
 
 # The lab's own flags, with the one help each has in every lab command (the product's table,
 # compiler/grammar.py, holds the flags both share: --out, --steps, --json).
@@ -26,9 +27,7 @@ LAB_FLAGS = {
 }
 
 
-def flag(name: str, *declarations: str, **settings):
-    """click.option with the one help of `name`: the lab's table, else the product's."""
-    return click.option(name, *declarations, help=LAB_FLAGS.get(name) or product_flags()[name], **settings)
+flag = functools.partial(product_flag, table=LAB_FLAGS)  # the lab's help, else the product's
 
 COMMANDS: list = []  # (decorated command or group), added to the product's group by register()
 

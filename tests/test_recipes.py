@@ -29,7 +29,7 @@ def checkout(tmp_path_factory):
     # What .gitignore keeps out of a checkout: regenerable splits and the bank's caches (a local
     # checkout's grid embeddings would spare these builds work that CI's must do).
     shutil.copytree(REPO / "zoo", root / "zoo", ignore=shutil.ignore_patterns(
-        "pretrain", "train", "factors", "operators", "embeddings", ".locks"))
+        "pretrain", "train", "test-extra", "factors", "operators", "embeddings", "exports", ".locks"))
     for split in ("probes", "test"):
         for folder in (root / "zoo" / "audio" / "world" / "tasks").glob(f"*/{split}"):
             shutil.rmtree(folder)

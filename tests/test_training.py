@@ -154,13 +154,18 @@ def test_a_checkpoint_naming_ptcs_own_timm_tower_loads_in_a_fresh_process(tmp_pa
     assert float(result.stdout.strip()) == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-5)
 
 
-def test_pretraining_logs_plain_progress_lines_when_no_terminal_shows_its_bar(tmp_path, capsys):
+def test_pretraining_logs_plain_progress_lines_when_no_terminal_shows_its_bar(tmp_path, capsys, monkeypatch):
+    from ptc.compiler import progress
+
     build, size = BUILDERS["hf-clip"]
     encoder = targets.load(build(tmp_path / "init"))
     config = PretrainConfig(steps=40, batch_size=4, lr=1e-2, warmup=1)
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)  # a line per step, not one per 10 s
     pretrain(encoder, _pixels(size), CAPTIONS, config, desc="pretrain clip", device=torch.device("cpu"))
-    lines = capsys.readouterr().err.splitlines()  # captured: not a terminal, so tqdm draws nothing
-    assert [line.split(",")[0] for line in lines] == [f"pretrain clip: step {n}/40" for n in range(2, 41, 2)]
-    assert re.fullmatch(r"pretrain clip: step 40/40, loss \d+\.\d{3}, \d+ s, about 0 min left", lines[-1])
+    lines = capsys.readouterr().err.splitlines()  # captured: not a terminal, so plain lines
+    assert [line.split(",")[0] for line in lines] == [f"pretrain clip: {n}/40 steps" for n in range(1, 41)] + \
+        ["pretrain clip: 40/40 steps"]
+    assert re.fullmatch(r"pretrain clip: 39/40 steps, loss \d+\.\d{3}, \d+\.\d s, about \d+\.\d s left", lines[-3])
+    assert re.fullmatch(r"pretrain clip: 40/40 steps, loss \d+\.\d{3}, \d+\.\d s done", lines[-1])
     pretrain(encoder, _pixels(size), CAPTIONS, config, progress=False, device=torch.device("cpu"))
     assert capsys.readouterr().err == ""

@@ -12,22 +12,19 @@ false negative.
 from __future__ import annotations
 
 import math
-import sys
-import time
 
 import torch
-from tqdm import tqdm
 
 from ptc.targets.base import Batch, batch_len, batch_rows, batch_to
 
 from ptc.compiler.descriptor import normalise
 from ptc.compiler.compute import device_label, resolve_device
+from ptc.compiler.progress import Progress
 from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
 SIGMOID_BIAS_INIT = -10.0
 MAX_LOGIT_SCALE = 100.0
-LOG_LINES = 20  # progress lines a pretraining writes when no terminal shows its bar
 
 
 def contrastive_loss(kind: str, inputs: torch.Tensor, texts: torch.Tensor, positives: torch.Tensor,
@@ -72,36 +69,25 @@ def pretrain(encoder, inputs: Batch, captions: list[str], config: PretrainConfig
     generator = torch.Generator().manual_seed(config.seed)
     batch_size = min(config.batch_size, len(captions))
     losses: list[float] = []
-    bar = tqdm(range(config.steps), desc=desc, disable=None if progress else True, leave=False)
-    log_every = max(1, config.steps // LOG_LINES) if progress and bar.disable else 0
-    start = time.perf_counter()
-    for step in bar:
-        index = torch.randperm(len(captions), generator=generator)[:batch_size]
-        image = normalise(encoder.embed_with(module, batch_to(batch_rows(inputs, index), device)))
-        text = normalise(encoder.embed_prompts_with(module, [captions[i] for i in index.tolist()]))
-        same = caption_ids[index]
-        loss = contrastive_loss(kind, image, text, (same[:, None] == same[None, :]).to(device), log_scale, bias)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if log_every and (step + 1) % log_every == 0:
-            _log_line(desc, step + 1, config.steps, losses, time.perf_counter() - start)
+    with Progress(config.steps, desc, "steps", progress) as bar:
+        for _ in range(config.steps):
+            index = torch.randperm(len(captions), generator=generator)[:batch_size]
+            image = normalise(encoder.embed_with(module, batch_to(batch_rows(inputs, index), device)))
+            text = normalise(encoder.embed_prompts_with(module, [captions[i] for i in index.tolist()]))
+            same = caption_ids[index]
+            loss = contrastive_loss(kind, image, text, (same[:, None] == same[None, :]).to(device), log_scale, bias)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            recent = losses[-50:]
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
+            bar.update()
     tail = losses[-50:]
     figures = {"steps": config.steps, "loss": kind, "final_loss": sum(tail) / len(tail),
                "logit_scale": float(log_scale.detach().exp()), "pairs": len(captions), "device": device_label(device)}
     return encoder.with_module(module.cpu().eval()), figures
-
-
-def _log_line(desc: str, done: int, steps: int, losses: list[float], seconds: float) -> None:
-    """One plain line of progress. tqdm stays silent when stderr is not a terminal (a build
-    under nohup, CI, `2> log`), and pretraining a full-profile member takes half an hour."""
-    recent = losses[-50:]
-    left = seconds / done * (steps - done)
-    print(f"{desc}: step {done}/{steps}, loss {sum(recent) / len(recent):.3f}, {seconds:.0f} s, "
-          f"about {left / 60:.0f} min left", file=sys.stderr, flush=True)
 
 
 def _caption_ids(captions: list[str]) -> list[int]:

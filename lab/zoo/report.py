@@ -54,17 +54,11 @@ def at_most(section: dict, key: str, bar: float) -> str:
 
 
 def within(section: dict, key: str, bar: float) -> str:
-    low, high = interval(section, key)
-    return MET if -bar <= low and high <= bar else NOT_MET if high < -bar or low > bar else UNSURE
+    return all_of(at_least(section, key, -bar), at_most(section, key, bar))
 
 
 def above(a: dict, a_key: str, b: dict, b_key: str) -> str:
-    """a > b: met where the intervals do not overlap (a conservative reading of the difference)."""
-    (a_low, a_high), (b_low, b_high) = interval(a, a_key), interval(b, b_key)
-    return MET if a_low > b_high else NOT_MET if a_high < b_low else UNSURE
-
-
-def at_least_other(a: dict, a_key: str, b: dict, b_key: str) -> str:
+    """a at or above b: met where a's interval clears b's (a conservative reading of the difference)."""
     (a_low, a_high), (b_low, b_high) = interval(a, a_key), interval(b, b_key)
     return MET if a_low >= b_high else NOT_MET if a_high < b_low else UNSURE
 
@@ -522,7 +516,7 @@ def findings(results: dict) -> list[str]:
             (above(b["consensus"], "relative_retention", b["relative"], "retention"),
              f"beyond: relative consensus retains {_fi(b['consensus'], 'relative_retention', 3)}, one relative source "
              f"{_fi(b['relative'], 'retention', 3)}"),
-            (all_of(*(all_of(at_least_other(auto[j]["auto"], "composed_gain", auto[j]["fixed"], "composed_gain"),
+            (all_of(*(all_of(above(auto[j]["auto"], "composed_gain", auto[j]["fixed"], "composed_gain"),
                              above(auto[j]["auto"], "control_delta", auto[j]["fixed"], "control_delta"))
                       for j in deep)),
              "beyond: strength auto at J >= 4 " + "; ".join(
