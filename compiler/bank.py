@@ -34,6 +34,7 @@ from ..errors import BankError, TaskError
 from .fsio import (file_lock, file_sha256, remove_stale_temporaries, safetensors_header, write_bytes_atomic,
                    write_json_atomic)
 from .grid import TaskSpec, check_name
+from ..finite import first_non_finite, require_finite
 from ..hashing import tensors_sha256
 from ..timers import timed
 
@@ -141,8 +142,11 @@ class Bank:
     def write_entry(self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
         import safetensors.torch
 
-        self._ensure()
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        # The last gate before the bank: whatever computed these, nothing non-finite is stored.
+        require_finite(tensors, f"{meta.get('kind', 'entry')} for the bank entry {relpath}",
+                       "nothing was stored; the inputs it was computed from hold extreme values (try --precision fp32)")
+        self._ensure()
         sha = tensors_sha256(tensors)
         record = _sealed({**meta, "entry": relpath, "tensors_sha256": sha, "ptc_version": __version__})
         # One metadata key only: safetensors writes its metadata map in hash order, which
@@ -165,7 +169,6 @@ class Bank:
     def _read_sealed(self, relpath: str) -> Entry | None:
         """The entry at `relpath` with its seal and content hash checked (not yet its key)."""
         import safetensors.torch
-        import torch
 
         path = self.root / relpath
         try:
@@ -188,10 +191,10 @@ class Bank:
             raise BankError(f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
                             f"!= recorded {str(recorded)[:12]})",
                             "the file was modified or damaged; delete it and recompute")
-        for name, tensor in tensors.items():
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise BankError(f"bank entry {path}: tensor {name!r} holds NaN or Inf",
-                                "delete it and recompute")
+        bad = first_non_finite(tensors)
+        if bad is not None:
+            raise BankError(f"bank entry {path}: tensor {bad[0]!r} holds NaN or Inf ({bad[1]:,} of {bad[2]:,} values)",
+                            "delete it and recompute")
         return Entry(path, tensors, record, sha)
 
     def get_or_compute(self, relpath: str, compute) -> tuple[Entry, bool]:

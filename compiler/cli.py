@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from ..errors import PtcError
+from ..errors import LIBRARY_HINTS, PtcError, condensed, library_of
 from .grammar import flag
 
 def options(*names: str):
@@ -139,10 +139,13 @@ def handled(command):
             if debug:
                 raise
             _fail(_filesystem_error(exc), 2)
-        except Exception as exc:  # a bug, not bad input: say so and point at --debug
+        except Exception as exc:  # a bug, not bad input: say so, in one line, and point at --debug
             if debug:
                 raise
-            _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", 1)
+            library = library_of(exc)
+            where = f" in {library}" if library else ""
+            hint = f"{LIBRARY_HINTS[library]}; " if library else ""
+            _fail(f"internal error{where}: {condensed(exc)} (hint: {hint}run with --debug for the traceback)", 1)
     return wrapper
 
 

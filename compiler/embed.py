@@ -13,6 +13,7 @@ from .bank import Bank, TaskRecord
 from .compute import CPU, autocast, device_label, precision_of
 from .descriptor import class_embeddings
 from ..errors import BankError
+from ..finite import require_finite
 from .grid import grid_hash
 from .progress import track
 from ..timers import timed
@@ -149,6 +150,9 @@ def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, pr
     tensors = {"inputs": inputs, "prompts": prompts}
     if regressors is not None:
         tensors["regressors"] = regressors
+    require_finite(tensors, f"embeddings of {info.ref} on task {task.name!r} ({info.precision})",
+                   "its weights are finite, so a probe file or the precision overflows; try --precision fp32 "
+                   "or check the task's probes")
     return (tensors,
             {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
              "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint,

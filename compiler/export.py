@@ -21,6 +21,7 @@ from ..targets.base import Exportable, OnnxTower
 
 from . import __version__
 from ..errors import OutputError
+from ..finite import require_finite
 from .fsio import atomic_file, safetensors_header
 from .plot import PLOT_NAME
 from .towers import copy_onnx, save_onnx
@@ -100,7 +101,10 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, d
     session = ort.InferenceSession(str(path), providers=requested)
     feeds = {i.name: inputs[i.name].cpu().numpy() for i in session.get_inputs()}
     ran = session.get_providers()[0]
-    return session.run(None, feeds)[0], {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
+    output = session.run(None, feeds)[0]
+    require_finite({session.get_outputs()[0].name: torch.from_numpy(output)}, f"ONNX graph {path} on the check inputs",
+                   "nothing was written; the exported graph computes another function than the model")
+    return output, {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
 
 
 def set_metadata(model, provenance: dict[str, str]) -> None:

@@ -24,6 +24,7 @@ from ..targets.base import Batch, DualEncoder, Family, batch_to
 from .adapter import GridGoal, fit_adapter
 from .descriptor import affinity
 from .embed import GridEmbeddings, embed_probe_files
+from ..finite import require_finite
 from ..hashing import tensors_sha256
 from .operators import ensure_factors, ensure_operator
 from .options import Options
@@ -114,6 +115,13 @@ def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings],
         "operator_norm": float(operator.norm())}
 
 
+def edited_check_outputs(edited: DualEncoder, check: Check) -> torch.Tensor:
+    outputs = edited.embed_inputs(check.batch)
+    require_finite({"embeddings": outputs}, "the edited model on the check inputs",
+                   "nothing was written; the edit overflows the model's numbers (lower the terms' weights)")
+    return outputs
+
+
 def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[str, GridEmbeddings],
                 check: Check, run: Run, options: Options) -> Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
@@ -125,6 +133,7 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
                                      factors[pt.task.name], ridge, run.counts) for pt in plan_.terms]
         term_edits = [pt.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators)]
         edit = sum(term_edits)
+        require_finite({"edit": edit}, "the recipe's signed sum of operators", "lower the terms' weights")
     with run.stage("verify_linearity"):
         lin = _linearity(plan_, factors, ridge)
         require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
@@ -132,7 +141,7 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
     with run.stage("fold"):
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
-        check_outputs = edited.embed_inputs(check.batch)
+        check_outputs = edited_check_outputs(edited, check)
         base = check.base if check.base is not None else target.embed_for_edit(check.batch)
         diff = embedding_equivalence(base, check_outputs, edit)
         require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
@@ -169,7 +178,7 @@ def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridE
     with run.stage("verify_torch"):
         with torch.no_grad():
             unmerged = target.embed_with(module.cpu(), check.batch)
-        check_outputs = edited.embed_inputs(check.batch)
+        check_outputs = edited_check_outputs(edited, check)
         diff = max_abs_difference(check_outputs, unmerged)
         require("torch_max_abs_diff (merged vs unmerged adapter)", diff, plan_.recipe.verify.equivalence_atol)
     with run.stage("embed_edited"):

@@ -4,6 +4,8 @@ Bad input of any kind (recipe, task file, bank entry, model reference) exits 2 a
 nothing; a build whose numerical verification fails exits 3 with the measured figure.
 """
 
+from contextlib import contextmanager
+
 
 class PtcError(Exception):
     """Base class: `message` says what is wrong, `hint` what to do about it."""
@@ -16,7 +18,8 @@ class PtcError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+        message = first_line(self.message, limit=4000)
+        return f"{message} (hint: {first_line(self.hint, limit=4000)})" if self.hint else message
 
 
 class InputError(PtcError):
@@ -55,3 +58,64 @@ class VerifyError(PtcError):
 
 class PlanError(InputError):
     """A bank plan file (`ptc bank build PLAN.yaml`) that does not validate."""
+
+
+# -- errors raised inside the libraries ptc calls -------------------------------------------------
+# What a user can do when a library fails inside a command, by the library's top-level package.
+LIBRARY_HINTS = {
+    "transformers": "the checkpoint folder is damaged, or was written by an incompatible transformers",
+    "tokenizers": "the tokenizer files are damaged, or were written by an incompatible tokenizers",
+    "huggingface_hub": "the checkpoint folder is damaged",
+    "open_clip": "the open_clip config names something this open_clip cannot build",
+    "timm": "the open_clip config names a timm tower this timm cannot build",
+    "peft": "the adapter was not trained on this base model, or by an incompatible peft",
+    "safetensors": "a .safetensors file is damaged or truncated",
+    "onnx": "an ONNX graph is damaged, or needs another onnx version",
+    "onnxscript": "the ONNX exporter could not convert the model",
+    "onnxruntime": "onnxruntime could not load or run an ONNX graph",
+    "torch": "a tensor operation failed",
+    "PIL": "an input image could not be decoded",
+}
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-empty line of `text`, cut at `limit` characters; a note where more followed
+    (library reports run to dozens of lines: the whole text is --debug's)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    head = lines[0] if len(lines[0]) <= limit else lines[0][:limit] + "..."
+    return head + (f" [{len(lines) - 1} more line(s): --debug]" if len(lines) > 1 else "")
+
+
+def library_of(exc: BaseException) -> str | None:
+    """The library ptc called when `exc` was raised: the outermost frame of its traceback in one
+    of LIBRARY_HINTS' packages, else the package of the exception's own class."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        package = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        if package in LIBRARY_HINTS:
+            return package
+    package = type(exc).__module__.split(".")[0]
+    return package if package in LIBRARY_HINTS else None
+
+
+def condensed(exc: BaseException) -> str:
+    """`Type: first line of the message`, one line whatever the library wrote."""
+    return f"{type(exc).__name__}: {first_line(str(exc)) or 'no message'}"
+
+
+@contextmanager
+def library_errors(what: str, hint: str | None = None, error: type[PtcError] = None):  # type: ignore[assignment]
+    """Any exception a library raises inside the block becomes `error` (ModelError by default)
+    with one line: `what`, the library and its message's first line; the original stays
+    chained to it for --debug. ptc's own errors pass through unchanged."""
+    try:
+        yield
+    except PtcError:
+        raise
+    except Exception as exc:
+        library = library_of(exc) or "Python"
+        raise (error or ModelError)(f"{what}: {library} raised {condensed(exc)}",
+                                    hint or LIBRARY_HINTS.get(library)) from exc

@@ -193,27 +193,54 @@ def copy_sharing(model: torch.nn.Module, edited: list[torch.Tensor]) -> torch.nn
 def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: float = 1.0) -> torch.nn.Module:
     """A copy of `model` with the peft adapter in `adapter_dir` merged in at `scale` times its
     trained strength (1: the fine-tune itself; 0.5: task arithmetic at half strength)."""
-    import copy
-
-    from peft import PeftModel
-    from safetensors import SafetensorError
     from peft.tuners.lora import LoraLayer
-
-    from ..errors import ModelError
 
     from .shipped_code import refuse_unsafe_adapter
 
     refuse_unsafe_adapter(adapter_dir, ref)
-    try:
-        wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
-        raise ModelError(f"cannot apply the peft adapter {adapter_dir} to {ref}: {exc}",
-                         "the adapter must have been trained on this base model") from None
+    wrapped = _load_adapter_checked(model, Path(adapter_dir), ref)
     if scale != 1.0:
         for layer in wrapped.modules():
             if isinstance(layer, LoraLayer):
                 layer.scale_layer(scale)
     return wrapped.merge_and_unload()
+
+
+def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
+    """PeftModel.from_pretrained on a copy, held to its adapter_config.json as a checkpoint is
+    to its config: peft warns of adapter weights it could not place and leaves those layers at
+    their initial (zero) update, so the file's tensors are compared with what the config builds
+    (peft's own saved names and shapes) and any difference refused, and every value is finite."""
+    import copy
+    import warnings
+
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+
+    from ..errors import library_errors
+    from ..finite import require_finite
+    from .checkpoint import describe_mismatch, stored_tensors
+    from .shipped_code import ADAPTER_WEIGHTS
+
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    with library_errors(f"cannot apply the peft adapter {adapter_dir} to {ref}",
+                        "the adapter must have been trained on this base model"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # missing or resized weights are reported below, in one line
+        stored = stored_tensors([weights])
+        wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir, ignore_mismatched_sizes=True)
+    loaded = get_peft_model_state_dict(wrapped, save_embedding_layers=False)  # the names and shapes it saves
+    built = {name: tuple(tensor.shape) for name, tensor in loaded.items()}
+    problem = describe_mismatch(
+        f"{ref}: adapter {adapter_dir}", "adapter_config.json", [name for name in built if name not in stored.shapes],
+        [name for name in stored.shapes if name not in built],
+        [(name, stored.shapes[name], built[name]) for name in sorted(built)
+         if name in stored.shapes and stored.shapes[name] != built[name]], stored,
+        missing_effect="those layers would not be adapted")
+    if problem is not None:
+        raise problem
+    require_finite(loaded, f"{ref}: adapter {weights}",
+                   "the adapter is damaged (or its training diverged); ptc merges no weight that is NaN or Inf")
+    return wrapped
 
 
 def open_image(path: Path):

@@ -12,12 +12,13 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from ..errors import ModelError, ModelNotFound
+from ..errors import ModelError, ModelNotFound, library_errors
 
 from . import HF_MODEL_TYPES, register_scheme
 from .base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
+from .checkpoint import (declared_shapes, describe_mismatch, require_finite_weights, require_plausible_size,
+                         stored_tensors)
 from .shipped_code import refuse_shipped_code
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
@@ -126,14 +127,31 @@ class HFDualEncoder(OnDevice):
                 raise ModelError(f"{ref}: {folder} has no {needed}",
                                  "save the tokenizer and processor next to the weights "
                                  "(tokenizer.save_pretrained / processor.save_pretrained)")
-        try:
-            model = getattr(transformers, cls.model_class).from_pretrained(
-                folder, local_files_only=True, use_safetensors=True, trust_remote_code=False)
+        with library_errors(f"{ref}: cannot load from {folder}"):
+            model = cls._load_checked(getattr(transformers, cls.model_class), folder, ref)
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
             processor = cls.load_processor(folder)
-        except (OSError, ValueError, ImportError, SafetensorError) as exc:
-            raise ModelError(f"{ref}: cannot load from {folder}: {exc}".split("\n")[0]) from None
         return cls(model, tokenizer, processor, ref)
+
+    @staticmethod
+    def _load_checked(model_class, folder: Path, ref: str):
+        """from_pretrained, held to its config: sized on the meta device before anything is
+        allocated, then every weight transformers reports missing, unexpected or resized (its
+        own rules: tied weights, renamed legacy keys) refused, and every weight finite."""
+        config_file = "config.json"
+        config = model_class.config_class.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        stored = stored_tensors(sorted(folder.glob("*.safetensors")))
+        require_plausible_size(declared_shapes(lambda: model_class(config)), stored, ref, config_file)
+        model, info = model_class.from_pretrained(
+            folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False,
+            output_loading_info=True, ignore_mismatched_sizes=True)
+        mismatched = [(name, tuple(in_file), tuple(built)) for name, in_file, built in info["mismatched_keys"]]
+        problem = describe_mismatch(ref, config_file, list(info["missing_keys"]), list(info["unexpected_keys"]),
+                                    sorted(mismatched), stored)
+        if problem is not None:
+            raise problem
+        require_finite_weights(model, ref, stored)
+        return model
 
     @staticmethod
     def load_processor(folder: Path):

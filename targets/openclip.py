@@ -14,13 +14,14 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from ..errors import ModelError, ModelNotFound
+from ..errors import ModelError, ModelNotFound, library_errors
 
 from . import register_scheme
 from .base import (Batch, OnDevice, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
                    merge_adapter, open_images)
+from .checkpoint import (declared_shapes, require_finite_weights, require_matching, require_plausible_size,
+                         stored_tensors)
 from .hf import save_tokenizer
 from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 
@@ -110,22 +111,26 @@ class OpenClip(OnDevice):
         from safetensors.torch import load_file
 
         config, weights, _ = _resolve(rest, base_dir)
-        model_cfg = config["model_cfg"]
+        model_cfg, ref = config["model_cfg"], f"open_clip:{rest}"
         tokenizer = _tokenizer(rest, weights.parent, model_cfg)  # first: it may refuse before a large model is built
         _run_tower_hooks()
-        try:
-            model = open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg else open_clip.CustomTextCLIP(**model_cfg)
-            missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-        except (RuntimeError, TypeError, ValueError, SafetensorError) as exc:
-            raise ModelError(f"open_clip:{rest}: cannot load {weights}: {exc}".split("\n")[0]) from None
-        if [k for k in missing if "attn_mask" not in k] or unexpected:
-            raise ModelError(f"open_clip:{rest}: checkpoint does not match the architecture "
-                             f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
-        preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
-        model.visual.preprocess_cfg = preprocess_cfg
-        preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
-        return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer,
-                   f"open_clip:{rest}")
+        build = lambda: open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg \
+            else open_clip.CustomTextCLIP(**model_cfg)  # noqa: E731
+        config_file = CONFIG if rest.startswith("local-dir:") else f"open_clip's config {rest.partition('@')[0]!r}"
+        with library_errors(f"{ref}: cannot load {weights}"):
+            stored = stored_tensors([weights])
+            declared = declared_shapes(build)
+            require_plausible_size(declared, stored, ref, config_file)
+            # The attention masks are buffers the model rebuilds; open_clip's own writer leaves them out.
+            require_matching(declared, stored, ref, config_file, ignore=lambda name: "attn_mask" in name)
+            model = build()
+            model.load_state_dict(load_file(str(weights)), strict=False)
+        require_finite_weights(model, ref, stored)
+        with library_errors(f"{ref}: preprocess_cfg"):
+            preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
+            model.visual.preprocess_cfg = preprocess_cfg
+            preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
+        return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer, ref)
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:

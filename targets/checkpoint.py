@@ -1,0 +1,142 @@
+"""A checkpoint is what its config says, or it is refused.
+
+Libraries build the model a config describes and copy a checkpoint's tensors into it: weights
+the config does not build are dropped, weights it builds that the files lack keep their random
+initialisation, and a config that declares a far larger model allocates it before anything
+compares. So every loader here first builds the model on the meta device (no memory), holds its
+size to the tensors the files hold and to the machine, and after loading refuses any weight
+that is missing, unexpected or of another shape, naming the first and the count. Every tensor
+that was read is checked finite too, so nothing of a damaged folder is ever used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError
+from ..finite import first_non_finite, require_finite
+
+MISMATCH_HINT = ("the config and the weights must come from the same model: save both with the library's own "
+                 "save_pretrained (open_clip: its local-dir layout)")
+# A config may build a few small tensors its files leave out (tied weights, buffers that older
+# checkpoints stored and newer code recomputes); a config that builds more than twice what the
+# files hold is another model.
+DECLARED_SLACK = 2.0
+
+
+@dataclass(frozen=True)
+class StoredTensors:
+    """What a checkpoint's safetensors files hold, read off their headers (no tensor data)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    files: dict[str, Path]      # tensor name -> the file that holds it
+    nbytes: int
+
+    @property
+    def values(self) -> int:
+        return sum(_numel(shape) for shape in self.shapes.values())
+
+
+def _numel(shape: Iterable[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count
+
+
+def stored_tensors(files: list[Path]) -> StoredTensors:
+    from safetensors import safe_open
+
+    shapes, where, nbytes = {}, {}, 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+                where[name] = path
+        nbytes += path.stat().st_size
+    return StoredTensors(shapes, where, nbytes)
+
+
+def declared_shapes(build: Callable[[], torch.nn.Module]) -> dict[str, tuple[int, ...]]:
+    """The state dict's shapes of the model `build()` makes, made on the meta device."""
+    with torch.device("meta"):
+        module = build()
+    return {name: tuple(tensor.shape) for name, tensor in module.state_dict().items()}
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still allocate (MemAvailable), or None where it cannot tell."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def require_plausible_size(declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str,
+                           config: str) -> None:
+    """Refuse, before anything is allocated, a config that builds far more than its files hold
+    or more than this machine has (float32: four bytes a value)."""
+    values = sum(_numel(shape) for shape in declared.values())
+    if values > DECLARED_SLACK * stored.values + 1_000_000:
+        raise ModelError(f"{ref}: {config} declares a model of {values:,} values ({_gb(4 * values)}) but its "
+                         f"weights hold {stored.values:,}; refused before loading", MISMATCH_HINT)
+    free = available_memory()
+    if free is not None and 4 * values > free:
+        raise ModelError(f"{ref}: {config} declares a model of {_gb(4 * values)}, more than the "
+                         f"{_gb(free)} this machine has free; refused before loading",
+                         "free memory, or build on a larger machine")
+
+
+def describe_mismatch(ref: str, config: str, missing: list[str], unexpected: list[str],
+                      mismatched: list[tuple[str, tuple, tuple]], stored: StoredTensors,
+                      missing_effect: str = "they would be left random") -> ModelError | None:
+    """One line for the first disagreement between a config and its checkpoint (None: agree)."""
+    if mismatched:
+        name, in_file, built = mismatched[0]
+        return ModelError(f"{ref}: {len(mismatched)} weight(s) have another shape than {config} builds "
+                          f"(first: {name!r} is {list(in_file)} in {stored.files.get(name, 'the checkpoint')}, "
+                          f"the config builds {list(built)})", MISMATCH_HINT)
+    if missing:
+        return ModelError(f"{ref}: {len(missing)} weight(s) that {config} builds are not in the "
+                          f"checkpoint (first: {sorted(missing)[0]!r}); {missing_effect}", MISMATCH_HINT)
+    if unexpected:
+        first = sorted(unexpected)[0]
+        return ModelError(f"{ref}: {len(unexpected)} weight(s) in the checkpoint are not part of what "
+                          f"{config} builds (first: {first!r} in {stored.files.get(first, 'the checkpoint')}); "
+                          "they would be dropped", MISMATCH_HINT)
+    return None
+
+
+def require_matching(declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str, config: str,
+                     ignore: Callable[[str], bool] = lambda name: False) -> None:
+    """Every tensor the config builds is stored with its shape, and nothing else is stored."""
+    missing = [name for name in declared if name not in stored.shapes and not ignore(name)]
+    unexpected = [name for name in stored.shapes if name not in declared and not ignore(name)]
+    mismatched = [(name, stored.shapes[name], declared[name]) for name in sorted(declared)
+                  if name in stored.shapes and stored.shapes[name] != declared[name]]
+    problem = describe_mismatch(ref, config, missing, unexpected, mismatched, stored)
+    if problem is not None:
+        raise problem
+
+
+NON_FINITE_HINT = ("the checkpoint is damaged (or was saved from a diverged training run); ptc uses no weight "
+                   "that is NaN or Inf")
+
+
+def require_finite_weights(module: torch.nn.Module, ref: str, stored: StoredTensors) -> None:
+    """Every loaded weight finite; the error names the file that held the bad tensor."""
+    found = first_non_finite(module.state_dict())
+    if found is not None:
+        require_finite({found[0]: module.state_dict()[found[0]]},
+                       f"{ref}: {stored.files.get(found[0], 'the checkpoint')}", NON_FINITE_HINT)
