@@ -205,10 +205,9 @@ def _certify(plan_: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings],
 def _terms_file_record(plan_: Plan, target: DualEncoder, terms: list[dict]) -> dict:
     tasks = {pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
              for pt in plan_.terms}
-    # The recipe's folder relative to the output (refs may be relative to it): a path that is the
-    # same for the same layout, so the file's bytes do not depend on where the tree lies.
-    where = {"ref": plan_.recipe.target, "base_dir": os.path.relpath(plan_.base_dir, plan_.out_dir),
-             "input_fingerprint": target.input_fingerprint()}
+    # No path: the file's bytes must not depend on where the output is written. Where the target
+    # lies (its ref may be relative to the recipe) is the run's record (`_run_record`).
+    where = {"ref": plan_.recipe.target, "input_fingerprint": target.input_fingerprint()}
     return {"terms": terms, "tasks": tasks, "target": where}
 
 
@@ -265,7 +264,7 @@ def execute(plan_: Plan, options: Options = Options()) -> BuildReport:
     context = (plan_, target, edit, residuals, terms, evaluation, strength, certified, inputs, check, made_by)
     if not options.export:  # verified up to the exports; nothing is written
         report = _report(*context, NOT_EXPORTED)
-        report.run = _run_record(run)
+        report.run = _run_record(run, plan_)
         return report
     report, lock = _write_output(plan_, options, {**derived, "embeddings": made_by}, context, run)
     report.recipe_lock = None if options.locked else _update_recipe_lock(plan_, lock)
@@ -297,7 +296,7 @@ def _write_output(plan_: Plan, options: Options, derived: dict, context: tuple,
             outputs = {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}
             lock = lock_document(inputs, derived, outputs)
             write_json_atomic(staging / LOCK_NAME, lock)
-            report.run = _run_record(run)
+            report.run = _run_record(run, plan_)
             write_json_atomic(staging / RUN_RECORD, report.run)
     except FileExistsError:
         raise OutputError(f"output directory {plan_.out_dir} appeared during the build",
@@ -336,9 +335,15 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def _run_record(run: Run) -> dict:
-    """How this run went (run.json): what differs from one build of the same inputs to the next."""
-    return {"cache": dict(run.counts), "timings": dict(run.timings), "peak_rss_mb": _peak_rss_mb()}
+def _run_record(run: Run, plan_: Plan) -> dict:
+    """How this run went (run.json): what differs from one build of the same inputs to the next,
+    and where it found its target's relative reference (for `ptc certify`): the recipe's folder,
+    absolute and relative to the output (a tree moved whole still resolves)."""
+    record = {"cache": dict(run.counts), "timings": dict(run.timings), "peak_rss_mb": _peak_rss_mb()}
+    if plan_.out_dir is not None:
+        record["target_base_dir"] = {"absolute": str(Path(plan_.base_dir).resolve()),
+                                     "from_output": os.path.relpath(plan_.base_dir, plan_.out_dir)}
+    return record
 
 
 def _report(plan_: Plan, target: DualEncoder, edit: Edit, residuals, terms, evaluation, strength, certified, inputs,

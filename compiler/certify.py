@@ -30,6 +30,7 @@ from .embed import embed_probe_files_for_edit
 from ..errors import OutputError, PtcError, RecipeError
 from .fsio import file_sha256, read_json_file, write_bytes_atomic
 from .grid import PROBE_SUFFIXES, TaskSpec, probe_files
+from .lockfile import RUN_RECORD
 from .solve import edited_embeddings
 
 TERMS_FILE = "terms.safetensors"
@@ -106,6 +107,25 @@ def input_files(folder: Path) -> list[Path]:
     return files
 
 
+def _target_base_dir(out_dir: Path, where: dict) -> Path:
+    """The folder the build resolved its target's reference from: run.json's record, relative to
+    the output first (the tree moved whole), then absolute; older outputs kept it in the terms
+    record (relative to the output, or absolute)."""
+    try:
+        recorded = json.loads((out_dir / RUN_RECORD).read_text(encoding="utf-8")).get("target_base_dir") or {}
+    except (OSError, ValueError, AttributeError):
+        recorded = {}
+    candidates = [out_dir / str(recorded[key]) for key in ("from_output", "absolute") if key in recorded]
+    candidates += [out_dir / str(where["base_dir"])] if "base_dir" in where else []
+    for folder in candidates:
+        try:
+            targets.check(where["ref"], folder)
+            return folder
+        except PtcError:
+            continue
+    return candidates[0] if candidates else out_dir
+
+
 def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_size: int = 64,
                    progress: bool = True, compute: Compute = Compute()) -> dict:
     """`ptc certify OUT --data DIR`: the certificate of a built output on a folder of inputs."""
@@ -120,7 +140,7 @@ def certify_output(out_dir: Path, data: Path, task: str | None = None, batch_siz
         raise RecipeError(f"{out_dir}: task {task!r} is no term's", f"certify one of: {', '.join(tasks)}")
     spec, where = record["tasks"][task], record["target"]
     try:
-        target = targets.load(where["ref"], out_dir / where["base_dir"])  # absolute in older outputs
+        target = targets.load(where["ref"], _target_base_dir(out_dir, where))
     except PtcError as exc:
         raise type(exc)(f"{out_dir}: the build's target {where['ref']}: {exc.message}",
                         "certify runs from the unedited target; it must still be where the build found it") from None

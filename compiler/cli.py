@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from ..errors import LIBRARY_HINTS, PtcError, condensed, library_of
+from ..errors import PtcError, condensed, library_hint, library_of
 from .grammar import flag
 
 def options(*names: str):
@@ -144,7 +144,7 @@ def handled(command):
                 raise
             library = library_of(exc)
             where = f" in {library}" if library else ""
-            hint = f"{LIBRARY_HINTS[library]}; " if library else ""
+            hint = f"{library_hint(library)}; " if library else ""
             _fail(f"internal error{where}: {condensed(exc)} (hint: {hint}run with --debug for the traceback)", 1)
     return wrapper
 

@@ -151,8 +151,9 @@ def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, pr
     if regressors is not None:
         tensors["regressors"] = regressors
     require_finite(tensors, f"embeddings of {info.ref} on task {task.name!r} ({info.precision})",
-                   "its weights are finite, so a probe file or the precision overflows; try --precision fp32 "
-                   "or check the task's probes")
+                   "nothing was stored; its weights are finite, so the forward pass overflows "
+                   + ("its precision: try --precision fp32" if info.precision != "fp32" else
+                      "float32 on these probes: the weights hold extreme values"))
     return (tensors,
             {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
              "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint,

@@ -83,8 +83,10 @@ def add_descriptor(bank: Bank, task_name: str, source_ref: str, finetuned_ref: s
     source = source or compute.place(targets.load(source_ref, base_dir))
     finetuned = load_finetuned(source, finetuned_ref, base_dir, compute)
     check_pair(model_info(source), model_info(finetuned), source_ref, finetuned_ref)
-    pre = embed_grid(source, task, bank, batch_size, progress)
+    # The fine-tune first: it is the input a user damages, and its embeddings refused leave the
+    # bank as it was (the source's would be cached by then otherwise).
     post = embed_grid(finetuned, task, bank, batch_size, progress)
+    pre = embed_grid(source, task, bank, batch_size, progress)
     tensors, meta = descriptor_record(task, descriptor_id, source_ref, finetuned_ref,
                                       model_info(source), model_info(finetuned), pre, post)
     return bank.put_descriptor(task.name, descriptor_id, tensors, meta)

@@ -88,17 +88,34 @@ def first_line(text: str, limit: int = 300) -> str:
     return head + (f" [{len(lines) - 1} more line(s): --debug]" if len(lines) > 1 else "")
 
 
-def library_of(exc: BaseException) -> str | None:
-    """The library ptc called when `exc` was raised: the outermost frame of its traceback in one
-    of LIBRARY_HINTS' packages, else the package of the exception's own class."""
+def libraries_of(exc: BaseException) -> list[str]:
+    """The libraries on `exc`'s way up, outermost (the one ptc called) first: the packages of
+    LIBRARY_HINTS its traceback passes through, else that of the exception's own class."""
     import traceback
 
+    found: list[str] = []
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         package = str(frame.f_globals.get("__name__", "")).split(".")[0]
-        if package in LIBRARY_HINTS:
-            return package
+        if package in LIBRARY_HINTS and package not in found and package != "torch":
+            found.append(package)
     package = type(exc).__module__.split(".")[0]
-    return package if package in LIBRARY_HINTS else None
+    if not found and package in LIBRARY_HINTS:
+        found.append(package)
+    return found
+
+
+def library_of(exc: BaseException) -> str | None:
+    """The libraries that raised `exc`, as `called/raised` where the one ptc called (open_clip)
+    failed inside another (timm); None outside every library of LIBRARY_HINTS."""
+    found = libraries_of(exc)
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else f"{found[0]}/{found[-1]}"
+
+
+def library_hint(library: str | None) -> str | None:
+    """The hint of the innermost library named by `library_of` (the most specific)."""
+    return LIBRARY_HINTS.get(library.split("/")[-1]) if library else None
 
 
 def condensed(exc: BaseException) -> str:
@@ -116,6 +133,6 @@ def library_errors(what: str, hint: str | None = None, error: type[PtcError] = N
     except PtcError:
         raise
     except Exception as exc:
-        library = library_of(exc) or "Python"
-        raise (error or ModelError)(f"{what}: {library} raised {condensed(exc)}",
-                                    hint or LIBRARY_HINTS.get(library)) from exc
+        library = library_of(exc)
+        raise (error or ModelError)(f"{what}: {library or 'Python'} raised {condensed(exc)}",
+                                    hint or library_hint(library)) from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -163,3 +164,27 @@ def test_the_committed_demo_lock_matches_the_demo_recipe():
     import hashlib
     assert lock["inputs"]["recipe_sha256"] == hashlib.sha256((REPO / "recipes" / "demo.yaml").read_bytes()).hexdigest()
     assert lock["outputs"] and lock["inputs"]["target"]["ref"] == "hf:../zoo/models/clip"
+
+
+def test_where_the_output_is_written_changes_no_output_byte_and_certify_still_finds_the_target(world, tmp_path):
+    """--out at another depth gives the same bytes in every output file (the lock stays
+    unchanged); certify finds the target from run.json, also once the output was moved."""
+    bank = tmp_path / "bank"
+    shutil.copytree(world.bank, bank)
+    target = f"hf:{os.path.relpath(world.target, tmp_path)}"  # relative to the recipe, as committed recipes are
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank), target=target)
+    outs = [tmp_path / "near", tmp_path / "far" / "away" / "edit"]
+    states = []
+    for out in outs:
+        result = run_ptc("build", recipe, "--out", out)
+        assert result.returncode == 0, result.stderr
+        states.append(result.stdout.split("recipe.lock: ")[1].split()[0])
+    assert states == ["written", "unchanged"]
+    digests = [{k: v for k, v in tree_digest(out).items() if k not in RUN_FILES} for out in outs]
+    assert digests[0] == digests[1] and "terms.safetensors" in digests[0]
+    moved = tmp_path / "moved" / "edit"
+    shutil.move(outs[1], moved)  # run.json's path from the output no longer resolves; the absolute one does
+    data = world.tasks["colour"].parent / "test"
+    figures = [json.loads(run_ptc("certify", out, "--data", data, "--task", "colour", "--json").stdout)
+               for out in (outs[0], moved)]
+    assert figures[0] == figures[1] and figures[0]["inputs"] > 0
