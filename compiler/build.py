@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from .. import targets
-from ..targets.base import DualEncoder, Exportable, Family, batch_rows
+from ..targets.base import DualEncoder, Exportable, Family, OnnxTower, batch_rows
 
 from . import __version__
 from .certify import TERMS_FILE, certificate, input_files, task_edits, write_terms
 from .compute import CPU, on_device, place
 from .embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_info, model_key
-from ..errors import OutputError, VerifyError
+from ..errors import OutputError, VerifyError, library_errors
 from .evaluate import zero_shot_accuracy
 from .export import (fp16_variant, min_row_cosine, model_card, run_onnx,
                      stamp_safetensors, write_triton_model)
@@ -98,35 +98,15 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
     diffs, cosines, triton_models, files, provider, interfaces = [], [], [], [], None, {}
     for index, (base, tower) in enumerate(zip(target.onnx_towers(), edit.edited.onnx_towers())):
         path = staging / "onnx" / f"{tower.name}.onnx"
-        with run.stage("export_onnx"):
-            how = write_tower(plan_.bank, weights_key, base, tower, path, {**provenance, "ptc_precision": "fp32"})
-            run.counts[f"onnx_towers_{how}"] += 1
-        with run.stage("verify_onnx"):
-            if index == 0:  # the input tower, on the real check inputs the route already embedded
-                inputs, expected = check.batch, edit.check_outputs
-            else:
-                inputs = tower.example_inputs
-                with torch.inference_mode():
-                    expected = tower.module(**inputs)
-            got, provider = run_onnx(path, inputs)
-            diffs.append(max_abs_difference(got, expected))
-        variants = [(tower.name, path)]
-        files.append(f"onnx/{path.name}")
-        interfaces[f"onnx/{path.name}"] = interface(path)
-        if "fp16" in export.precision:
-            half = path.with_name(f"{tower.name}_fp16.onnx")
-            with run.stage("export_fp16"):
-                fp16_variant(path, half, provenance)
-            with run.stage("verify_fp16"):
-                cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
-            variants.append((f"{tower.name}_fp16", half))
-            files.append(f"onnx/{half.name}")
-            interfaces[f"onnx/{half.name}"] = interface(half)
-        if "triton" in export.formats:
-            with run.stage("export_triton"):
-                for name, onnx_path in variants:
-                    write_triton_model(staging / "triton", name, onnx_path, export.triton.max_batch_size)
-                    triton_models.append(name)
+        with library_errors(f"ONNX tower {tower.name}", "nothing was written; the graph or its cached base in the "
+                            f"bank is damaged: run `ptc bank verify --bank {plan_.bank.root}`", OutputError):
+            figures = _export_onnx_tower(plan_, index, base, tower, edit, check, path, provenance, run, weights_key)
+        diffs.append(figures["diff"])
+        cosines += figures["cosines"]
+        provider = figures["provider"]
+        files += figures["files"]
+        interfaces.update(figures["interfaces"])
+        triton_models += figures["triton_models"]
     figures = {"onnx_max_abs_diff": require("onnx_max_abs_diff", max(diffs), verify.equivalence_atol),
                "onnx_provider": provider["ran"], "onnx_provider_requested": provider["requested"],
                "onnx_provider_fell_back": provider["fell_back"], "fp16_min_cosine": None,
@@ -134,6 +114,44 @@ def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Chec
     if cosines:
         figures["fp16_min_cosine"] = require_at_least("fp16_min_cosine", min(cosines), verify.fp16_min_cosine)
     return figures
+
+
+def _export_onnx_tower(plan_: Plan, index: int, base: OnnxTower, tower: OnnxTower, edit: Edit, check: Check,
+                       path: Path, provenance: dict, run: Run, weights_key: str) -> dict:
+    """One tower written, run and compared, with its fp16 variant and Triton models as asked."""
+    export = plan_.recipe.export
+    cosines, triton_models, files, interfaces = [], [], [], {}
+    with run.stage("export_onnx"):
+        how = write_tower(plan_.bank, weights_key, base, tower, path, {**provenance, "ptc_precision": "fp32"})
+        run.counts[f"onnx_towers_{how}"] += 1
+    with run.stage("verify_onnx"):
+        if index == 0:  # the input tower, on the real check inputs the route already embedded
+            inputs, expected = check.batch, edit.check_outputs
+        else:
+            inputs = tower.example_inputs
+            with torch.inference_mode():
+                expected = tower.module(**inputs)
+        got, provider = run_onnx(path, inputs)
+        diff = max_abs_difference(got, expected)
+    variants = [(tower.name, path)]
+    files.append(f"onnx/{path.name}")
+    interfaces[f"onnx/{path.name}"] = interface(path)
+    if "fp16" in export.precision:
+        half = path.with_name(f"{tower.name}_fp16.onnx")
+        with run.stage("export_fp16"):
+            fp16_variant(path, half, provenance)
+        with run.stage("verify_fp16"):
+            cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
+        variants.append((f"{tower.name}_fp16", half))
+        files.append(f"onnx/{half.name}")
+        interfaces[f"onnx/{half.name}"] = interface(half)
+    if "triton" in export.formats:
+        with run.stage("export_triton"):
+            for name, onnx_path in variants:
+                write_triton_model(path.parent.parent / "triton", name, onnx_path, export.triton.max_batch_size)
+                triton_models.append(name)
+    return {"diff": diff, "cosines": cosines, "provider": provider, "files": files, "interfaces": interfaces,
+            "triton_models": triton_models}
 
 
 def _export_and_verify(plan_: Plan, target: Family, edit: Edit, check: Check, staging: Path,

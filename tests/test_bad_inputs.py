@@ -100,6 +100,77 @@ SETUPS = {
 }
 
 
+def _damaged(source, folder: Path, config: str, weights: str, edit_config=None, edit_weights=None) -> None:
+    """A copy of the model or adapter folder `source` with its JSON config and/or its
+    safetensors weights changed in place (a user's damaged checkpoint)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    if edit_config is not None:
+        document = json.loads((folder / config).read_text())
+        edit_config(document)
+        (folder / config).write_text(json.dumps(document))
+    if edit_weights is not None:
+        tensors = load_file(folder / weights)
+        edit_weights(tensors)
+        save_file(tensors, folder / weights, metadata={"format": "pt"})
+
+
+def _hf(ctx, name: str, source: str = "target", **edits) -> None:
+    _damaged(ctx[source], Path(ctx["tmp"]) / name, "config.json", "model.safetensors", **edits)
+
+
+def _open_clip(ctx, name: str, **edits) -> None:
+    from ptc.lab.tiny.openclip import build_tiny
+
+    pristine = Path(ctx["tmp"]) / "open-clip-pristine"
+    if not pristine.exists():
+        build_tiny(pristine)
+    _damaged(pristine, Path(ctx["tmp"]) / name, "open_clip_config.json", "open_clip_model.safetensors", **edits)
+
+
+def _adapter(ctx, name: str, **edits) -> None:
+    _damaged(ctx["adapter"], Path(ctx["tmp"]) / name, "adapter_config.json", "adapter_model.safetensors", **edits)
+
+
+def _first(tensors: dict, fragment: str) -> str:
+    return next(name for name in sorted(tensors) if fragment in name)
+
+
+def _poison(tensors: dict, fragment: str, value: float = float("nan")) -> None:
+    tensors[_first(tensors, fragment)].view(-1)[0] = value
+
+
+DAMAGED = {
+    # non-finite numbers
+    "hf-nan-finetune": lambda ctx: _hf(ctx, "ft", "full", edit_weights=lambda t: _poison(t, "vision_model.encoder.layers.0.mlp.fc1.weight")),
+    "hf-overflowing-finetune": lambda ctx: _hf(  # finite weights whose forward pass overflows float32
+        ctx, "ft", "full", edit_weights=lambda t: t["visual_projection.weight"].copy_(
+            t["visual_projection.weight"].sign() * 3e38)),
+    "open-clip-inf": lambda ctx: _open_clip(ctx, "oc", edit_weights=lambda t: _poison(t, "visual.proj", float("inf"))),
+    "adapter-nan": lambda ctx: _adapter(ctx, "lora", edit_weights=lambda t: _poison(t, "lora_B")),
+    # a config that disagrees with its weights
+    "hf-fewer-layers": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=1)),
+    "hf-more-layers": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=3)),
+    "hf-huge-config": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
+        hidden_size=4096, intermediate_size=16384, num_hidden_layers=48)),
+    "hf-resized-weight": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
+        intermediate_size=64)),
+    "open-clip-wider": lambda ctx: _open_clip(ctx, "oc", edit_config=lambda c: c["model_cfg"]["vision_cfg"].update(
+        width=64)),
+    "adapter-rank": lambda ctx: _adapter(ctx, "lora", edit_config=lambda c: c.update(r=2 * c["r"])),
+    # a library that fails on what the folder says
+    "hf-unknown-activation": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
+        hidden_act="no_such_activation")),
+    "open-clip-unknown-timm-tower": lambda ctx: _open_clip(ctx, "oc", edit_config=lambda c: c["model_cfg"][
+        "vision_cfg"].update(timm_model_name="no_such_tower")),
+    "adapter-unknown-tuner": lambda ctx: _adapter(ctx, "lora", edit_config=lambda c: c.update(peft_type="NO_SUCH")),
+}
+SETUPS.update(DAMAGED)
+
+
 def _png_header(path: Path, width: int, height: int) -> None:
     """A PNG whose header claims width x height pixels (a decompression bomb's claim)."""
     import struct
@@ -163,7 +234,8 @@ def _snapshot(*roots: Path) -> dict:
 def test_bad_input(case, world, tmp_path, tmp_path_factory):
     ctx = {"target": str(world.target), "source": str(world.source), "adapter": str(world.adapters["colour"]),
            "bank": str(world.bank), "copy": str(tmp_path / "copy"), "tmp": str(tmp_path),
-           "outside": str(tmp_path_factory.mktemp("outside"))}
+           "outside": str(tmp_path_factory.mktemp("outside")), "full": str(world.full_finetune),
+           "colour_test": str(world.tasks["colour"].parent / "test")}
     fill = lambda text: Template(text).substitute(ctx)  # noqa: E731
     for name in case.get("setup", []):
         SETUPS[name](ctx)
