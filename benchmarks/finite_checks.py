@@ -14,19 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 
 import torch
 
-
-def _median_seconds(work, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from ptc.lab.benchmarks.suite import _median_seconds as median_seconds
 
 
 def measure(name: str) -> dict:
@@ -45,9 +36,9 @@ def measure(name: str) -> dict:
     values = sum(t.numel() for t in weights.values())
     pixels = torch.randn(8, 3, 224, 224)
     with torch.inference_mode():
-        forward = _median_seconds(lambda: model.get_image_features(pixel_values=pixels))
-    finite = _median_seconds(lambda: first_non_finite(weights))
-    meta = _median_seconds(lambda: declared_shapes(lambda: CLIPModel(config)))
+        forward = median_seconds(lambda: model.get_image_features(pixel_values=pixels), 3)
+    finite = median_seconds(lambda: first_non_finite(weights), 3)
+    meta = median_seconds(lambda: declared_shapes(lambda: CLIPModel(config)), 3)
     return {"values": values, "model_bytes": 4 * values, "forward_batch8_seconds": forward,
             "finite_check_seconds": finite, "meta_build_seconds": meta,
             "checks_over_one_batch": (finite + meta) / forward,

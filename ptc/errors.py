@@ -18,8 +18,9 @@ class PtcError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        message = first_line(self.message, limit=4000)
-        return f"{message} (hint: {first_line(self.hint, limit=4000)})" if self.hint else message
+        # ptc's own text: one line, except where a message lists one problem a line on purpose
+        # (--locked's drifted inputs); library text reaches it condensed (`library_errors`).
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
 
 
 class InputError(PtcError):
