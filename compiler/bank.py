@@ -145,7 +145,7 @@ class Bank:
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         # The last gate before the bank: whatever computed these, nothing non-finite is stored.
         require_finite(tensors, f"{meta.get('kind', 'entry')} for the bank entry {relpath}",
-                       "nothing was stored; the inputs it was computed from hold extreme values (try --precision fp32)")
+                       "nothing was stored; the numbers it was computed from overflow")
         self._ensure()
         sha = tensors_sha256(tensors)
         record = _sealed({**meta, "entry": relpath, "tensors_sha256": sha, "ptc_version": __version__})

@@ -93,7 +93,7 @@ def _export_native(plan_: Plan, edited: Family, check: Check, edit: Edit, stagin
 
 def _export_onnx_towers(plan_: Plan, target: Exportable, edit: Edit, check: Check, staging: Path,
                         provenance: dict, run: Run) -> dict:
-    export, verify = plan_.recipe.export, plan_.recipe.verify
+    verify = plan_.recipe.verify
     weights_key = model_info(target).weights_key  # the export cache is one per model, whatever the precision
     diffs, cosines, triton_models, files, provider, interfaces = [], [], [], [], None, {}
     for index, (base, tower) in enumerate(zip(target.onnx_towers(), edit.edited.onnx_towers())):

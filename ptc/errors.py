@@ -125,7 +125,7 @@ def condensed(exc: BaseException) -> str:
 
 
 @contextmanager
-def library_errors(what: str, hint: str | None = None, error: type[PtcError] = None):  # type: ignore[assignment]
+def library_errors(what: str, hint: str | None = None, error: type[PtcError] | None = None):
     """Any exception a library raises inside the block becomes `error` (ModelError by default)
     with one line: `what`, the library and its message's first line; the original stays
     chained to it for --debug. ptc's own errors pass through unchanged."""

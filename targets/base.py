@@ -219,7 +219,7 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
 
     from ..errors import library_errors
     from ..finite import require_finite
-    from .checkpoint import describe_mismatch, stored_tensors
+    from .checkpoint import require_matching, stored_tensors
     from .shipped_code import ADAPTER_WEIGHTS
 
     weights = adapter_dir / ADAPTER_WEIGHTS
@@ -229,15 +229,9 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
         stored = stored_tensors([weights])
         wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir, ignore_mismatched_sizes=True)
     loaded = get_peft_model_state_dict(wrapped, save_embedding_layers=False)  # the names and shapes it saves
-    built = {name: tuple(tensor.shape) for name, tensor in loaded.items()}
-    problem = describe_mismatch(
-        f"{ref}: adapter {adapter_dir}", "adapter_config.json", [name for name in built if name not in stored.shapes],
-        [name for name in stored.shapes if name not in built],
-        [(name, stored.shapes[name], built[name]) for name in sorted(built)
-         if name in stored.shapes and stored.shapes[name] != built[name]], stored,
-        missing_effect="those layers would not be adapted")
-    if problem is not None:
-        raise problem
+    require_matching({name: tuple(tensor.shape) for name, tensor in loaded.items()}, stored,
+                     f"{ref}: adapter {adapter_dir}", "adapter_config.json",
+                     missing_effect="those layers would not be adapted")
     require_finite(loaded, f"{ref}: adapter {weights}",
                    "the adapter is damaged (or its training diverged); ptc merges no weight that is NaN or Inf")
     return wrapped

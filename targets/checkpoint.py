@@ -11,14 +11,15 @@ that was read is checked finite too, so nothing of a damaged folder is ever used
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..errors import ModelError
-from ..finite import first_non_finite, require_finite
+from ..finite import NonFiniteError, first_non_finite
 
 MISMATCH_HINT = ("the config and the weights must come from the same model: save both with the library's own "
                  "save_pretrained (open_clip: its local-dir layout)")
@@ -34,31 +35,22 @@ class StoredTensors:
 
     shapes: dict[str, tuple[int, ...]]
     files: dict[str, Path]      # tensor name -> the file that holds it
-    nbytes: int
 
     @property
     def values(self) -> int:
-        return sum(_numel(shape) for shape in self.shapes.values())
-
-
-def _numel(shape: Iterable[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count
+        return sum(math.prod(shape) for shape in self.shapes.values())
 
 
 def stored_tensors(files: list[Path]) -> StoredTensors:
     from safetensors import safe_open
 
-    shapes, where, nbytes = {}, {}, 0
+    shapes, where = {}, {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():
                 shapes[name] = tuple(handle.get_slice(name).get_shape())
                 where[name] = path
-        nbytes += path.stat().st_size
-    return StoredTensors(shapes, where, nbytes)
+    return StoredTensors(shapes, where)
 
 
 def declared_shapes(build: Callable[[], torch.nn.Module]) -> dict[str, tuple[int, ...]]:
@@ -87,7 +79,7 @@ def require_plausible_size(declared: dict[str, tuple[int, ...]], stored: StoredT
                            config: str) -> None:
     """Refuse, before anything is allocated, a config that builds far more than its files hold
     or more than this machine has (float32: four bytes a value)."""
-    values = sum(_numel(shape) for shape in declared.values())
+    values = sum(math.prod(shape) for shape in declared.values())
     if values > DECLARED_SLACK * stored.values + 1_000_000:
         raise ModelError(f"{ref}: {config} declares a model of {values:,} values ({_gb(4 * values)}) but its "
                          f"weights hold {stored.values:,}; refused before loading", MISMATCH_HINT)
@@ -119,13 +111,14 @@ def describe_mismatch(ref: str, config: str, missing: list[str], unexpected: lis
 
 
 def require_matching(declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str, config: str,
-                     ignore: Callable[[str], bool] = lambda name: False) -> None:
+                     ignore: Callable[[str], bool] = lambda name: False,
+                     missing_effect: str = "they would be left random") -> None:
     """Every tensor the config builds is stored with its shape, and nothing else is stored."""
     missing = [name for name in declared if name not in stored.shapes and not ignore(name)]
     unexpected = [name for name in stored.shapes if name not in declared and not ignore(name)]
     mismatched = [(name, stored.shapes[name], declared[name]) for name in sorted(declared)
                   if name in stored.shapes and stored.shapes[name] != declared[name]]
-    problem = describe_mismatch(ref, config, missing, unexpected, mismatched, stored)
+    problem = describe_mismatch(ref, config, missing, unexpected, mismatched, stored, missing_effect)
     if problem is not None:
         raise problem
 
@@ -138,5 +131,6 @@ def require_finite_weights(module: torch.nn.Module, ref: str, stored: StoredTens
     """Every loaded weight finite; the error names the file that held the bad tensor."""
     found = first_non_finite(module.state_dict())
     if found is not None:
-        require_finite({found[0]: module.state_dict()[found[0]]},
-                       f"{ref}: {stored.files.get(found[0], 'the checkpoint')}", NON_FINITE_HINT)
+        name, bad, total = found
+        raise NonFiniteError(f"{ref}: {stored.files.get(name, 'the checkpoint')}: tensor {name!r} holds NaN or Inf "
+                             f"({bad:,} of {total:,} values)", NON_FINITE_HINT)
