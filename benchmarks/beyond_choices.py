@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 
-from ptc.compiler.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
-from ptc.compiler.recipe import Strength
+from ptc.compiler.method.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
+from ptc.compiler.recipe.schema import Strength
 from ptc.lab.zoo import beyond
 from ptc.lab.zoo.paper import ALPHA, Zoo, _points, choose_ridge
 

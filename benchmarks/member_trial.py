@@ -20,11 +20,11 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from ptc.compiler.fsio import write_json_atomic
+from ptc.files import write_json_atomic
 from ptc.lab.zoo.build import INDEX, profile_named, read_index
 from ptc.lab.zoo.profiles import FULL, Member
 
-from .source_trial import build_and_report, copy_without_sources, zoo_index
+from ptc.lab.benchmarks.source_trial import build_and_report, copy_without_sources, zoo_index
 
 CANDIDATES = {
     # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,

@@ -19,9 +19,9 @@ import random
 import tempfile
 from pathlib import Path
 
-from ptc.compiler.descriptor import task_descriptor
+from ptc.compiler.method.descriptor import task_descriptor
 from ptc.compiler.embed import embed_probe_files, embed_probe_files_for_edit
-from ptc.compiler.solve import factorize, solve_operator
+from ptc.compiler.method.ridge import factorize, solve_operator
 from ptc.lab.zoo import world
 from ptc.lab.zoo.paper import ALPHA, Zoo, _mean, _points, retention
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ptc.compiler.descriptor import normalise
+from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.embed import embed_probe_files
-from ptc.compiler.labelled import labelled_files
+from ptc.compiler.tasks.labelled import labelled_files
 from ptc.lab.zoo import headroom, world
 from ptc.lab.zoo.paper import Zoo
 

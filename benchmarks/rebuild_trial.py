@@ -31,7 +31,7 @@ from pathlib import Path
 from ptc.lab.zoo.build import build_zoo, profile_named, world_fields, write_world_once
 from ptc.lab.zoo.profiles import Profile
 
-from .source_trial import build_and_report, different_split_files, zoo_index
+from ptc.lab.benchmarks.source_trial import build_and_report, different_split_files, zoo_index
 
 
 # Every member's builder options for a shape trial, the members' whole option sets (not

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptc.compiler.descriptor import centred, cosine
+from ptc.compiler.method.descriptor import centred, cosine
 from ptc.lab.zoo.paper import Zoo, _mean, descriptor_on_grid
 from ptc.lab.zoo.world import IN_DISTRIBUTION
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from ptc import targets
 from ptc.lab.benchmarks.source_trial import build_and_report, different_split_files, record_world, zoo_index
-from ptc.compiler.bank import Bank
-from ptc.compiler.evaluate import zero_shot_accuracy
-from ptc.compiler.fsio import write_json_atomic
-from ptc.compiler.grid import load_task
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
+from ptc.files import write_json_atomic
+from ptc.compiler.tasks.grid import load_task
 from ptc.lab.zoo.build import INDEX, profile_named, read_index, world_fields, write_world_once
 from ptc.lab.zoo.world import DOWNSTREAM_SHIFTS, attribute_of, task_style
 

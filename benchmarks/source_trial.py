@@ -30,8 +30,8 @@ from pathlib import Path
 
 from ptc import targets
 from ptc.errors import InputError
-from ptc.compiler.fsio import write_json_atomic
-from ptc.compiler.lora import check_lora_dropout
+from ptc.files import write_json_atomic
+from ptc.compiler.edit.lora import check_lora_dropout
 from ptc.lab.zoo import build, paper, report
 from ptc.lab.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index, world_fields, write_world_once
 from ptc.lab.zoo.world import check_size

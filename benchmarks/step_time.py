@@ -20,7 +20,7 @@ from ptc import targets
 from ptc.lab.zoo.build import _builder, profile_named, write_world_once
 from ptc.lab.zoo.pretrain import pretrain
 
-from .rebuild_trial import SHAPES, changed_profile
+from ptc.lab.benchmarks.rebuild_trial import SHAPES, changed_profile
 
 
 def seconds_per_step(member, world: Path, steps: int, pretrain_config) -> tuple[float, float]:

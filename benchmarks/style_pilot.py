@@ -30,8 +30,8 @@ import torch
 
 from ptc import targets
 from ptc.compiler.embed import embed_probe_files
-from ptc.compiler.evaluate import zero_shot_accuracy
-from ptc.compiler.labelled import labelled_files
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
+from ptc.compiler.tasks.labelled import labelled_files
 from ptc.lab.zoo import world
 from ptc.lab.zoo.build import _pretrain_member, profile_named
 from ptc.lab.zoo.headroom import linear_probe

@@ -58,7 +58,7 @@ def _model(folder: Path, size: dict, seed: int, width_scale: float = 1.0) -> str
 
 def _random_adapter(encoder, folder: Path, seed: int) -> Path:
     """A rank-4 q/v LoRA with random factors: a stand-in fine-tune (training is not measured here)."""
-    from ptc.compiler.lora import attach_lora
+    from ptc.compiler.edit.lora import attach_lora
 
     module = attach_lora(encoder, rank=4, alpha=8, seed=seed, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)
@@ -87,7 +87,7 @@ def _exponent(xs, ys) -> float:
 # -- 1. bank build vs the forward-pass floor ------------------------------------------------------
 def _bank_world(root: Path, size: dict, n_targets: int, n_sources: int, n_tasks: int):
     from ptc import targets
-    from ptc.compiler.bankfill import SourceSpec
+    from ptc.compiler.sources.bulk import SourceSpec
 
     task_files = _write_tasks(root / "tasks", size, n_tasks)
     sources = []
@@ -131,9 +131,9 @@ def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_t
     them: the machine's drift and torch's first-call warm-up then hit both sides alike, and
     the ratio is of the medians."""
     from ptc import timers
-    from ptc.compiler.bank import Bank
-    from ptc.compiler.bankfill import fill_bank
-    from ptc.compiler.grid import load_task
+    from ptc.compiler.bank.store import Bank
+    from ptc.compiler.sources.bulk import fill_bank
+    from ptc.compiler.tasks.grid import load_task
 
     task_files, sources, target_refs = _bank_world(root, size, n_targets, n_sources, n_tasks)
     specs = [load_task(task_file) for task_file in task_files]
@@ -160,7 +160,7 @@ def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_t
 
 # -- 2. solve: cached factors vs recomputed ----------------------------------------------------------
 def bench_solve(n: int, m: int, d: int, repeats: int = 5) -> dict:
-    from ptc.compiler.solve import factorize, solve_dense, solve_operator
+    from ptc.compiler.method.ridge import factorize, solve_dense, solve_operator
 
     g = torch.Generator().manual_seed(0)
     inputs, rows = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
@@ -190,8 +190,8 @@ def _recipe(folder: Path, bank, target_ref: str, n_terms: int, route: str = "clo
 def _timed_build(recipe: Path, export: bool) -> tuple[float, dict]:
     """(seconds, this run's record: cache counts, timings, peak RSS, calls, and the route's report)"""
     from ptc import timers
-    from ptc.compiler.build import execute, plan
-    from ptc.compiler.options import Options
+    from ptc.compiler.build.pipeline import execute, plan
+    from ptc.compiler.recipe.options import Options
 
     options = Options(force=True, export=export, progress=False)
     timers.snapshot_and_reset()
@@ -222,8 +222,8 @@ def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: i
     import onnxruntime as ort
 
     from ptc import targets
-    from ptc.compiler.export import export_onnx
-    from ptc.compiler.lora import attach_lora
+    from ptc.compiler.export.writers import export_onnx
+    from ptc.compiler.edit.lora import attach_lora
     from ptc.targets.base import OnnxTower
 
     base = targets.load(target_ref)
@@ -354,6 +354,6 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
 
 
 def write(results: dict, path: Path) -> None:
-    from ptc.compiler.fsio import write_json_atomic
+    from ptc.files import write_json_atomic
 
     write_json_atomic(path, json.loads(json.dumps(results, default=str)))

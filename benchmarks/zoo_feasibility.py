@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 
 from ptc import targets
-from ptc.compiler.descriptor import class_embeddings, normalise
-from ptc.compiler.grid import load_task
-from ptc.compiler.labelled import labelled_files
+from ptc.compiler.method.descriptor import class_embeddings, normalise
+from ptc.compiler.tasks.grid import load_task
+from ptc.compiler.tasks.labelled import labelled_files
 from ptc.lab.zoo.pretrain import PretrainConfig
 from ptc.lab.zoo.pretrain import pretrain as zoo_pretrain
 from ptc.lab.zoo.world import PLAIN, WorldSize, _digit_images, digit_pools, render, sample_scene, write_world

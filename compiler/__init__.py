@@ -1,3 +1,12 @@
-"""The compiler: recipe -> plan -> execute -> verify -> export, the operator bank and the CLI."""
+"""The compiler: a recipe of signed task sums in, a verified edited encoder out.
 
-from .. import __version__  # noqa: F401  (re-exported: modules here say `from . import __version__`)
+Its rooms follow a build's stages, each a package whose docstring names its job (the layers
+between them are docs/architecture.md's, checked by `lint-imports`):
+
+    cli      the command line          build    the pipeline: execute(plan)
+    sources  filling the bank          export   ONNX, checkpoint, Triton, model card
+    edit     descriptors -> edit       verify   checks, certificate, evaluation
+    recipe   schema, options, plan     embed    task grids, embedded once
+    bank     the operator bank         tasks    task files and grids
+    method   the paper's math on tensors
+"""

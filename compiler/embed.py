@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .bank import Bank, TaskRecord
-from .compute import CPU, autocast, device_label, precision_of
-from .descriptor import class_embeddings
-from ..errors import BankError
-from ..finite import require_finite
-from .grid import grid_hash
-from .progress import track
-from ..timers import timed
+from ptc.compiler.bank.store import Bank, TaskRecord
+from ptc.devices import CPU, autocast, device_label, precision_of
+from ptc.compiler.method.descriptor import class_embeddings
+from ptc.errors import BankError
+from ptc.finite import require_finite
+from ptc.compiler.tasks.grid import grid_hash
+from ptc.progress import track
+from ptc.timers import timed
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from ptc.compiler.cli import JSON_FLAG, handled  # the product's one-line error handling
-from ptc.compiler.grammar import flag as product_flag
+from ptc.compiler.cli.main import JSON_FLAG, handled  # the product's one-line error handling
+from ptc.compiler.cli.flags import flag as product_flag
 
 # The lab's own flags, with the one help each has in every lab command (the product's table,
-# compiler/grammar.py, holds the flags both share: --out, --steps, --json).
+# compiler/cli/flags.py, holds the flags both share: --out, --steps, --json).
 LAB_FLAGS = {
     "--profile": "The zoo's profile: full (the image zoo), audio (the CLAP zoo), tiny and audio-tiny (test size).",
     "--root": "Zoo folder (default: the profile's, under $PTC_ZOO or the repository's zoo/; for paper, a "
@@ -55,14 +55,14 @@ def zoo() -> None:
 
 def _zoo_dir(root: Path | None, profile: str = "full") -> Path:
     """--root, else the profile's folder under $PTC_ZOO or the repository's zoo/."""
-    from .zoo_scheme import zoo_root
+    from ptc.lab.zoo_scheme import zoo_root
 
-    from .zoo.profiles import PROFILES
+    from ptc.lab.zoo.profiles import PROFILES
     return root or zoo_root() / PROFILES[profile].folder
 
 
 def _profiles() -> list[str]:
-    from .zoo.profiles import PROFILES
+    from ptc.lab.zoo.profiles import PROFILES
     return list(PROFILES)
 
 
@@ -73,7 +73,7 @@ def _profiles() -> list[str]:
 @handled
 def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None:
     """Build the zoo, or continue an interrupted build where it stopped."""
-    from .zoo.build import build_zoo, collapsed, profile_named, quality_rows
+    from ptc.lab.zoo.build import build_zoo, collapsed, profile_named, quality_rows
 
     root = _zoo_dir(root, profile)
     index = build_zoo(root, profile_named(profile), echo=click.echo, members=members or None)
@@ -93,7 +93,7 @@ def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None
 @handled
 def zoo_merge(source: Path, members: tuple[str, ...], root: Path | None) -> None:
     """Take members built in another copy of this zoo (model, sources, descriptors, record)."""
-    from .zoo.merge import merge_members
+    from ptc.lab.zoo.merge import merge_members
 
     root = _zoo_dir(root)
     for name in merge_members(root, source, members):
@@ -108,7 +108,7 @@ def zoo_show(root: Path | None, as_json: bool) -> None:
     """Print the zoo's quality report: zero-shot against chance, prompt distinctness, fine-tunes."""
     import json
 
-    from .zoo.build import built_index, quality, quality_rows
+    from ptc.lab.zoo.build import built_index, quality, quality_rows
 
     index = built_index(_zoo_dir(root))
     if as_json:
@@ -126,9 +126,9 @@ def zoo_show(root: Path | None, as_json: bool) -> None:
 @handled
 def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     """Run the paper's experiments on the zoo; write OUT/paper-PROFILE.{json,md} and plots."""
-    from .zoo import paper as harness
-    from .zoo import report
-    from .zoo.build import build_zoo, profile_named, read_index
+    from ptc.lab.zoo import paper as harness
+    from ptc.lab.zoo import report
+    from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 
     scratch = profile_named(profile).scratch
     root = root or (out / f"zoo-{profile}" if scratch else _zoo_dir(None, profile))
@@ -152,15 +152,15 @@ REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14")
 @handled
 def bench(quick: bool, size: str | None, out: Path | None) -> None:
     """Measure the build against its floor; print a table and write JSON."""
-    from ptc.compiler.fsio import write_json_atomic
+    from ptc.files import write_json_atomic
 
     if size in REAL_SIZES:
-        from .benchmarks import real_size as bench_module
+        from ptc.lab.benchmarks import real_size as bench_module
 
         results = bench_module.run(size, echo=lambda m: click.echo(m, err=True))
         out = out or Path(f"benchmarks/results-{size}.json")
     else:
-        from .benchmarks import suite as bench_module
+        from ptc.lab.benchmarks import suite as bench_module
 
         results = bench_module.run(quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True))
         out = out or Path("benchmarks/results.json")
@@ -179,7 +179,7 @@ def bench(quick: bool, size: str | None, out: Path | None) -> None:
 @handled
 def demo(workdir: Path, steps: int) -> None:
     """Run the built-in offline default end to end (tiny generated world and models)."""
-    from .demo import run_demo
+    from ptc.lab.demo import run_demo
 
     report = run_demo(workdir, steps=steps, echo=click.echo)
     lin, eq = report.verify["linearity"], report.verify["equivalence"]

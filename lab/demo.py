@@ -120,13 +120,13 @@ def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     from ptc import targets
     from ptc.lab.tiny.hf_clip import build_tiny
 
-    from ptc.compiler.bank import Bank
-    from ptc.compiler.build import execute, plan
-    from ptc.compiler.evaluate import evaluate
-    from ptc.compiler.finetune import finetune_lora
-    from ptc.compiler.grid import load_task
-    from ptc.compiler.options import Options
-    from ptc.compiler.sources import add_descriptor
+    from ptc.compiler.bank.store import Bank
+    from ptc.compiler.build.pipeline import execute, plan
+    from ptc.compiler.verify.evaluate import evaluate
+    from ptc.compiler.sources.finetune import finetune_lora
+    from ptc.compiler.tasks.grid import load_task
+    from ptc.compiler.recipe.options import Options
+    from ptc.compiler.sources.descriptor import add_descriptor
 
     workdir = Path(workdir).resolve()
     bank = Bank(workdir / "bank")

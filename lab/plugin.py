@@ -15,12 +15,12 @@ def installed() -> bool:
 def add_commands(main) -> None:
     """`ptc.commands`: the lab's commands on ptc's group."""
     if installed():
-        from .cli import register
+        from ptc.lab.cli import register
         register(main)
 
 
 def add_schemes() -> None:
     """`ptc.targets`: the `zoo:` scheme and the lab's timm towers."""
     if installed():
-        from .zoo_scheme import register
+        from ptc.lab.zoo_scheme import register
         register()

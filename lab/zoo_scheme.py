@@ -66,7 +66,7 @@ def register() -> None:
     timm towers, registered before open_clip builds a model (the zoo's EVA member names one)."""
     from ptc.targets.openclip import add_tower_hook
 
-    from .tiny.openclip import register_timm_towers
+    from ptc.lab.tiny.openclip import register_timm_towers
 
     targets.register_scheme("zoo", load, check)
     add_tower_hook(register_timm_towers)

@@ -1,9 +1,11 @@
 """ptc, the platonic task compiler: recipes of signed task sums -> edited dual encoders.
 
-One import namespace over the repository's folders (pyproject.toml maps them):
+One import namespace over the repository's folders (ptc/compiler, ptc/targets and ptc/lab
+are links to them; docs/architecture.md):
 
-    ptc            ptc/        the version, typed errors and hashing every part shares
-    ptc.compiler   compiler/   recipe -> plan -> execute -> verify -> export, the bank, the CLI
+    ptc            ptc/        the core every part shares: errors, finite checks, hashing, timers,
+                               atomic files, progress, devices, strict YAML
+    ptc.compiler   compiler/   in rooms named for the build's stages (compiler/__init__.py)
     ptc.targets    targets/    one module per model family behind the DualEncoder protocol
     ptc.lab        lab/        the offline zoo, the paper's harness and the trials (extra: lab)
     ptc.lab.benchmarks  benchmarks/

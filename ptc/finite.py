@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from .errors import PtcError
-from .timers import timed
+from ptc.errors import PtcError
+from ptc.timers import timed
 
 if TYPE_CHECKING:  # torch loads with the first check, not with `ptc task list`'s import of the bank
     import torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from .timers import timed
+from ptc.timers import timed
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ModelNotFound
+from ptc.errors import ModelNotFound
 
-from .base import DualEncoder, Exportable, Family, OnnxTower, Trainable  # noqa: F401  (what the compiler sees)
+from ptc.targets.base import DualEncoder, Exportable, Family, OnnxTower, Trainable  # noqa: F401  (what the compiler sees)
 
 SchemeLoader = Callable[[str, Path], Family]
 SchemeChecker = Callable[[str, Path], str]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ptc.errors import InputError
 
 
 def read_audio(path: Path, rate: int, max_samples: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..hashing import tensors_sha256
+from ptc.hashing import tensors_sha256
 
 
 # A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
@@ -195,7 +195,7 @@ def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: fl
     trained strength (1: the fine-tune itself; 0.5: task arithmetic at half strength)."""
     from peft.tuners.lora import LoraLayer
 
-    from .shipped_code import refuse_unsafe_adapter
+    from ptc.targets.shipped_code import refuse_unsafe_adapter
 
     refuse_unsafe_adapter(adapter_dir, ref)
     wrapped = _load_adapter_checked(model, Path(adapter_dir), ref)
@@ -217,10 +217,10 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
     from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
 
-    from ..errors import library_errors
-    from ..finite import require_finite
-    from .checkpoint import require_matching, stored_tensors
-    from .shipped_code import ADAPTER_WEIGHTS
+    from ptc.errors import library_errors
+    from ptc.finite import require_finite
+    from ptc.targets.checkpoint import require_matching, stored_tensors
+    from ptc.targets.shipped_code import ADAPTER_WEIGHTS
 
     weights = adapter_dir / ADAPTER_WEIGHTS
     with library_errors(f"cannot apply the peft adapter {adapter_dir} to {ref}",
@@ -245,7 +245,7 @@ def open_image(path: Path):
 
     from PIL import Image, UnidentifiedImageError
 
-    from ..errors import InputError
+    from ptc.errors import InputError
 
     try:
         with warnings.catch_warnings():

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError
-from ..finite import NonFiniteError, first_non_finite
+from ptc.errors import ModelError
+from ptc.finite import NonFiniteError, first_non_finite
 
 MISMATCH_HINT = ("the config and the weights must come from the same model: save both with the library's own "
                  "save_pretrained (open_clip: its local-dir layout)")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError, ModelNotFound, library_errors
+from ptc.errors import ModelError, ModelNotFound, library_errors
 
-from . import HF_MODEL_TYPES, register_scheme
-from .base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
-from .checkpoint import (declared_shapes, describe_mismatch, require_finite_weights, require_plausible_size,
+from ptc.targets import HF_MODEL_TYPES, register_scheme
+from ptc.targets.base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
+from ptc.targets.checkpoint import (declared_shapes, describe_mismatch, require_finite_weights, require_plausible_size,
                          stored_tensors)
-from .shipped_code import refuse_shipped_code
+from ptc.targets.shipped_code import refuse_shipped_code
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

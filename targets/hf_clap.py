@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import OutputError
+from ptc.errors import OutputError
 
-from . import register_hf_family
-from .audio import read_audio
-from .base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
-from .hf import HFDualEncoder
+from ptc.targets import register_hf_family
+from ptc.targets.audio import read_audio
+from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
+from ptc.targets.hf import HFDualEncoder
 
 
 def _audio_embedding(model, batch: Batch) -> torch.Tensor:

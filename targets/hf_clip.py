@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from . import register_hf_family
-from .base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer, open_images
-from .hf import HFDualEncoder
+from ptc.targets import register_hf_family
+from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer, open_images
+from ptc.targets.hf import HFDualEncoder
 
 
 def _pooled(output) -> torch.Tensor:

@@ -7,7 +7,7 @@ Their image embedding leaves an attention-pooling head through a residual sum,
 with no projection after it, so no d x d operator folds into the weights. The edit goes into
 the head MLP's last affine instead: W2' = W2 + dW2, b2' = b2 + db2 moves z by exactly
 dW2 u + db2 = E [u; 1], so the regressor rows are R = [u; 1] and E = [dW2 db2] (d x (p + 1)),
-solved by the same two-filter formula (see compiler/solve.py).
+solved by the same two-filter formula (see compiler/method/ridge.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from . import register_hf_family
-from .base import Batch, OnnxTower, copy_sharing, open_images
-from .hf import HFDualEncoder
+from ptc.targets import register_hf_family
+from ptc.targets.base import Batch, OnnxTower, copy_sharing, open_images
+from ptc.targets.hf import HFDualEncoder
 
 
 class _ImageTower(torch.nn.Module):

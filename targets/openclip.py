@@ -15,15 +15,15 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError, ModelNotFound, library_errors
+from ptc.errors import ModelError, ModelNotFound, library_errors
 
-from . import register_scheme
-from .base import (Batch, OnDevice, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
+from ptc.targets import register_scheme
+from ptc.targets.base import (Batch, OnDevice, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
                    merge_adapter, open_images)
-from .checkpoint import (declared_shapes, require_finite_weights, require_matching, require_plausible_size,
+from ptc.targets.checkpoint import (declared_shapes, require_finite_weights, require_matching, require_plausible_size,
                          stored_tensors)
-from .hf import save_tokenizer
-from .shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
+from ptc.targets.hf import save_tokenizer
+from ptc.targets.shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
 # Plugins that add timm towers (timm's registry is global and names fix sizes) register a

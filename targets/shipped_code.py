@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import ModelError
+from ptc.errors import ModelError
 
 # Keys that make a transformers loader import code named by the folder, or say it may.
 CODE_KEYS = ("auto_map", "trust_remote_code")

@@ -61,7 +61,7 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
                               capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
     from click.testing import CliRunner
 
-    from ptc.compiler.cli import main
+    from ptc.compiler.cli.main import main
 
     with contextlib.chdir(cwd or REPO):
         result = CliRunner(env=env).invoke(main, argv, prog_name="ptc")
@@ -74,9 +74,9 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
 
 def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: int) -> dict[str, Path]:
     """Register each task, fine-tune a LoRA source on its train split, add its descriptor as 'src'."""
-    from ptc.compiler.finetune import finetune_lora
-    from ptc.compiler.grid import load_task
-    from ptc.compiler.sources import add_descriptor
+    from ptc.compiler.sources.finetune import finetune_lora
+    from ptc.compiler.tasks.grid import load_task
+    from ptc.compiler.sources.descriptor import add_descriptor
 
     adapters = {}
     for name, task_file in tasks.items():
@@ -100,9 +100,9 @@ def zoo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
     from ptc import targets
-    from ptc.compiler.bank import Bank
+    from ptc.compiler.bank.store import Bank
     from ptc.lab.demo import write_world
-    from ptc.compiler.sources import add_descriptor
+    from ptc.compiler.sources.descriptor import add_descriptor
     from ptc.lab.tiny.hf_clip import build_tiny
 
     root = tmp_path_factory.mktemp("world")
@@ -129,7 +129,7 @@ class AudioWorld:
 @pytest.fixture(scope="session")
 def audio_world(tmp_path_factory) -> AudioWorld:
     from ptc import targets
-    from ptc.compiler.bank import Bank
+    from ptc.compiler.bank.store import Bank
     from ptc.lab.demo import write_audio_world
     from ptc.lab.tiny.hf_clap import build_tiny
 

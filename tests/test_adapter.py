@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import load_file
 
 from ptc import targets
-from ptc.compiler.bank import Bank
-from ptc.compiler.evaluate import zero_shot_accuracy
-from ptc.compiler.finetune import finetune_lora
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
+from ptc.compiler.sources.finetune import finetune_lora
 from conftest import run_ptc, write_recipe
 
 FAST = {"rank": 4, "max_steps": 60, "lr": 1.0e-2, "batch_size": 16}

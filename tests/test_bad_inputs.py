@@ -13,8 +13,8 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from ptc.compiler.bank import Bank
-from ptc.compiler.cli import main
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.cli.main import main
 
 CASES = yaml.safe_load((Path(__file__).parent / "bad_inputs" / "cases.yaml").read_text())
 
@@ -30,7 +30,7 @@ def _copy_descriptor(ctx, new_id: str, **changes) -> None:
     source = bank.descriptor("colour", "src")
     tensors = {**source.tensors, "utd": changes.pop("utd", source.tensors["utd"])}
     # Sealed as a ptc without the write-side finite gate sealed it: the read side must refuse it.
-    with mock.patch("ptc.compiler.bank.require_finite", lambda *args, **kwargs: None):
+    with mock.patch("ptc.compiler.bank.store.require_finite", lambda *args, **kwargs: None):
         bank.put_descriptor("colour", new_id, tensors, {**source.meta, "id": new_id, **changes})
 
 
@@ -38,7 +38,7 @@ def _operator_wrong_shape(ctx) -> None:
     from ptc import targets
     from collections import Counter
     from ptc.compiler.embed import embed_grid, model_key
-    from ptc.compiler.operators import ensure_factors
+    from ptc.compiler.edit.operators import ensure_factors
 
     bank, target = Bank(ctx["copy"]), targets.load(f"hf:{ctx['target']}")
     task, key = bank.task("colour"), model_key(target)
@@ -216,7 +216,7 @@ def _weights_only(folder: Path, config: str | None) -> None:
 
 
 def _register(ctx) -> None:
-    from ptc.compiler.grid import load_task
+    from ptc.compiler.tasks.grid import load_task
     task_file = Path(ctx["tmp"]) / "task.yaml"
     task_file.write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n")
     # decode=False: registered as an older ptc did, which let an undecodable probe in

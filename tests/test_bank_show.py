@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from conftest import run_ptc
 
 
@@ -46,4 +46,4 @@ def test_bank_show_of_a_folder_that_is_no_bank_is_one_line_and_imports_no_torch(
                                "--bank", str(world.bank)], capture_output=True, text=True)
     assert imported.returncode == 0, imported.stderr
     modules = {line.rsplit("|", 1)[-1].strip() for line in imported.stderr.splitlines() if "|" in line}
-    assert "ptc.compiler.bankshow" in modules and "torch" not in modules
+    assert "ptc.compiler.cli.bank_show" in modules and "torch" not in modules

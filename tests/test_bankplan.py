@@ -9,14 +9,14 @@ import torch
 import yaml
 
 from ptc import targets
-from ptc.compiler.bank import Bank
-from ptc.compiler.bankplan import load_plan, run_plan
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.sources.bank_plan import load_plan, run_plan
 from ptc.errors import PlanError
 from conftest import run_ptc
 
 
 def _random_adapter(model_ref: str, folder: Path, seed: int) -> str:
-    from ptc.compiler.lora import attach_lora
+    from ptc.compiler.edit.lora import attach_lora
 
     module = attach_lora(targets.load(model_ref), rank=2, alpha=4, seed=seed, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(seed)

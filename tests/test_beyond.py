@@ -13,13 +13,13 @@ import torch
 import yaml
 
 from ptc import targets
-from ptc.compiler.bank import Bank
-from ptc.compiler.certify import certificate
-from ptc.compiler.descriptor import AGREEMENT_FLOOR, affinity, agreement_weights, consensus, relative_descriptor
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.verify.certify import certificate
+from ptc.compiler.method.descriptor import AGREEMENT_FLOOR, affinity, agreement_weights, consensus, relative_descriptor
 from ptc.compiler.embed import embed_grid
-from ptc.compiler.recipe import Strength
-from ptc.compiler.solve import solve_dense
-from ptc.compiler.strength import choose_strengths
+from ptc.compiler.recipe.schema import Strength
+from ptc.compiler.method.ridge import solve_dense
+from ptc.compiler.edit.strength import choose_strengths
 from conftest import run_ptc, write_recipe
 
 RIDGE = 0.01

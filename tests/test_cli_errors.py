@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from conftest import run_ptc, write_recipe
 
 

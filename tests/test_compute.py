@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ptc import targets
-from ptc.compiler.bank import Bank
-from ptc.compiler.compute import Compute, precision_of, resolve_device
+from ptc.compiler.bank.store import Bank
+from ptc.devices import Compute, precision_of, resolve_device
 from ptc.compiler.embed import embed_grid, model_info, model_key
 from ptc.errors import InputError
 from conftest import run_ptc, write_recipe

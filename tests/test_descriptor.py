@@ -2,7 +2,7 @@
 
 import torch
 
-from ptc.compiler.descriptor import affinity, class_embeddings, cosine, task_descriptor
+from ptc.compiler.method.descriptor import affinity, class_embeddings, cosine, task_descriptor
 
 
 def test_class_embeddings_average_normalised_templates():

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ptc import targets
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_key
 from ptc.errors import ModelError
 from conftest import run_ptc, write_recipe
@@ -274,7 +274,7 @@ def test_hf_clip_descriptors_build_into_a_siglip_head(world, bank_copy, tmp_path
 
 
 def test_siglip_lora_source_into_an_hf_clip_target(world, bank_copy, tmp_path):
-    from ptc.compiler.finetune import finetune_lora
+    from ptc.compiler.sources.finetune import finetune_lora
 
     folder = hf_siglip.build_tiny(tmp_path / "siglip", width=40, seed=7)
     source = targets.load(f"hf:{folder}")

@@ -1,5 +1,5 @@
 """One grammar for the command line: every flag of every command (the lab's plugged-in ones
-included) is the one in the table (compiler/grammar.py; the lab's own in lab/cli.py), with the
+included) is the one in the table (compiler/cli/flags.py; the lab's own in lab/cli.py), with the
 same help wherever it appears, and the README's table lists each."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import click
 import pytest
 
-from ptc.compiler.cli import main
-from ptc.compiler.grammar import flags
+from ptc.compiler.cli.main import main
+from ptc.compiler.cli.flags import flags
 from ptc.lab.cli import LAB_FLAGS
 from conftest import REPO, run_ptc
 

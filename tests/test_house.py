@@ -24,10 +24,10 @@ def _python(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
 
 
 def test_importing_the_product_cli_imports_nothing_of_the_lab():
-    result = _python("-X", "importtime", "-c", "import ptc.compiler.cli")
+    result = _python("-X", "importtime", "-c", "import ptc.compiler.cli.main")
     assert result.returncode == 0, result.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
-    assert "ptc.compiler.cli" in imported
+    assert "ptc.compiler.cli.main" in imported
     assert [name for name in imported if name.startswith("ptc.lab") or name in ("sklearn", "matplotlib")] == []
 
 
@@ -68,7 +68,7 @@ def test_no_function_in_the_product_is_longer_than_60_lines():
 
 def test_without_the_lab_ptc_shows_the_product_only():
     script = ("import ptc.lab.plugin as plugin; plugin.installed = lambda: False\n"
-              "from ptc.compiler.cli import main; main(['--help'])\n")
+              "from ptc.compiler.cli.main import main; main(['--help'])\n")
     result = _python("-c", script)
     assert result.returncode == 0, result.stderr
     assert "build" in result.stdout and "zoo" not in result.stdout and "paper" not in result.stdout
@@ -103,7 +103,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_a_wheel_installs_and_builds_a_recipe_with_local_models(wheel, world, tmp_path):
     recipe = write_recipe(tmp_path / "recipe.yaml", world, export={"out": "out", "formats": ["safetensors"]})
     env = {"PYTHONPATH": str(wheel)}
-    where = _python("-c", "import ptc.compiler.cli, ptc.targets; print(ptc.compiler.cli.__file__)",
+    where = _python("-c", "import ptc.compiler.cli.main, ptc.targets; print(ptc.compiler.cli.main.__file__)",
                     env=env, cwd=tmp_path)
     assert where.stdout.strip().startswith(str(wheel)), where.stdout  # the wheel's copy, not the checkout
     result = _python("-m", "ptc.compiler.cli", "build", str(recipe), env=env, cwd=tmp_path)
@@ -126,10 +126,10 @@ def _commands(group, prefix="ptc"):
 
 
 def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it():
-    """compiler/options.py defines each run option once (flag, help); no product command
+    """compiler/recipe/options.py defines each run option once (flag, help); no product command
     spells one of those flags by hand."""
-    from ptc.compiler.cli import main
-    from ptc.compiler.options import option_fields
+    from ptc.compiler.cli.main import main
+    from ptc.compiler.recipe.options import option_fields
 
     defined = {f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()}
     seen = []
@@ -149,4 +149,4 @@ def test_listing_a_banks_tasks_imports_no_torch(world):
     result = _python("-X", "importtime", "-m", "ptc.compiler.cli", "task", "list", "--bank", str(world.bank))
     assert result.returncode == 0 and "colour" in result.stdout, result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
-    assert "torch" not in imported and "ptc.compiler.bank" in imported
+    assert "torch" not in imported and "ptc.compiler.bank.store" in imported

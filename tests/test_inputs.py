@@ -3,8 +3,8 @@
 import pytest
 
 from ptc.errors import RecipeError, TaskError
-from ptc.compiler.grid import grid_hash, load_task
-from ptc.compiler.recipe import load_recipe
+from ptc.compiler.tasks.grid import grid_hash, load_task
+from ptc.compiler.recipe.schema import load_recipe
 
 GOOD = """target: hf:/models/clip
 terms:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from conftest import REPO, run_ptc, tree_digest, write_recipe
 
 # Bookkeeping, not outputs: this run's timings and cache counts, and the ownership record that
@@ -89,7 +89,7 @@ def test_locked_refuses_a_changed_target_weight(locked):
 
 
 def test_locked_refuses_another_ptc_or_library_version(locked, monkeypatch):
-    from ptc.compiler import lockfile
+    from ptc.compiler.recipe import lock as lockfile
 
     recipe, _, _ = locked
     real = lockfile.library_versions()
@@ -157,7 +157,7 @@ def test_a_lock_that_is_not_ptcs_is_never_overwritten(world, tmp_path):
 
 
 def test_the_committed_demo_lock_matches_the_demo_recipe():
-    from ptc.compiler.lockfile import read_lock
+    from ptc.compiler.recipe.lock import read_lock
     from conftest import REPO
 
     lock = read_lock(REPO / "recipes" / "demo.lock")

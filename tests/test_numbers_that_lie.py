@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 import torch
 
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from ptc.finite import NonFiniteError, first_non_finite, require_finite
 from conftest import run_ptc, write_recipe
 
@@ -70,7 +70,7 @@ def test_bank_verify_reports_a_sealed_non_finite_entry(world, bank_copy):
     `ptc bank verify` and refused by any build that reads it."""
     bank = Bank(bank_copy)
     source = bank.descriptor("colour", "src")
-    with mock.patch("ptc.compiler.bank.require_finite", lambda *args, **kwargs: None):
+    with mock.patch("ptc.compiler.bank.store.require_finite", lambda *args, **kwargs: None):
         bank.put_descriptor("colour", "nan", {**source.tensors, "utd": torch.full_like(source.tensors["utd"], float("nan"))},
                             {**source.meta, "id": "nan"})
     result = run_ptc("bank", "verify", "--bank", bank_copy)
@@ -123,7 +123,7 @@ def _built_bank(world, tmp_path: Path) -> tuple[Path, Path]:
 def _reseal_damaged_text_tower(bank: Path) -> None:
     """The cached text tower replaced by bytes that are no graph, sealed as if written so: what
     a disk error during the export, before the seal, leaves behind."""
-    from ptc.compiler.towers import onnx_files
+    from ptc.compiler.export.tower_cache import onnx_files
 
     graph = next(bank.glob("exports/*/text_model.onnx"))
     graph.write_bytes(b"\x08\x07 this is no ONNX graph" * 40)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ptc.compiler.bank import Bank
-from ptc.compiler.fsio import remove_stale_staging
+from ptc.compiler.bank.store import Bank
+from ptc.files import remove_stale_staging
 from conftest import REPO, write_recipe
 
 # -- forbidden calls ------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_no_code_execution_on_load_anywhere():
     assert len(files) > 20
     problems = {str(p.relative_to(REPO)): calls for p in files if (calls := forbidden_calls(p.read_text()))}
     assert problems == {}
-    from ptc.compiler import yamlio
+    from ptc import strict_yaml as yamlio
     import yaml
     assert issubclass(yamlio._StrictLoader, yaml.SafeLoader)
 
@@ -231,7 +231,7 @@ def _as_format_2(bank: Path) -> None:
     """Rewrite a bank the way ptc 0.1 (format 2) wrote it: records sealed but bound to nothing."""
     import safetensors.torch
 
-    from ptc.compiler.bank import _sealed
+    from ptc.compiler.bank.store import _sealed
 
     store = Bank(bank)
     for path in sorted(bank.rglob("*.safetensors")):
@@ -279,7 +279,7 @@ def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, 
 
 
 def test_clean_up_removes_only_what_ptc_created(tmp_path):
-    from ptc.compiler.fsio import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
+    from ptc.files import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
 
     dead = 999_999_999  # no such process
     users = tmp_path / f".out.{dead}.abc.partial"  # matches the pattern, but is a user's folder

@@ -134,7 +134,7 @@ def test_shipped_files_are_readable_by_the_server_user_as_the_umask_allows(shipp
 
 
 def test_atomic_writes_follow_the_umask(tmp_path):
-    from ptc.compiler.fsio import staged_directory, write_bytes_atomic
+    from ptc.files import staged_directory, write_bytes_atomic
 
     previous = os.umask(0o027)
     try:
@@ -173,7 +173,7 @@ def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_see
 def test_a_target_from_the_hub_cache_is_the_cards_base_model(world, shipped, monkeypatch):
     """hf:org/name found in the local Hugging Face cache (not a folder here) is a Hub id."""
     from ptc import targets
-    from ptc.compiler.export import model_card
+    from ptc.compiler.export.writers import model_card
     import ptc.targets.hf as hf
 
     monkeypatch.setattr(hf, "_cache_dir_for", lambda model_id: world.target if model_id == "org/tiny-clip" else None)

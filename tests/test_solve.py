@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ptc.compiler.descriptor import normalise
-from ptc.compiler.solve import factorize, first_order_descriptor, ridge_filter, solve_dense, solve_operator
-from ptc.compiler.verify import linearity
+from ptc.compiler.method.descriptor import normalise
+from ptc.compiler.method.ridge import factorize, first_order_descriptor, ridge_filter, solve_dense, solve_operator
+from ptc.compiler.verify.checks import linearity
 
 
 def _grid(n, m, d, seed=0):

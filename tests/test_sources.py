@@ -8,8 +8,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoTokenizer, CLIPModel
 
-from ptc.compiler.bank import Bank
-from ptc.compiler.evaluate import resolve_model
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.verify.evaluate import resolve_model
 from conftest import REPO, clip_pixels, run_ptc
 
 

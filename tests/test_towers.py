@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ptc import targets
-from ptc.compiler import towers
-from ptc.compiler.bank import Bank
-from ptc.compiler.export import export_onnx
+from ptc.compiler.export import tower_cache as towers
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.export.writers import export_onnx
 from conftest import run_ptc, write_recipe
 from test_families import FAMILIES
 

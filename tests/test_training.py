@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ptc import targets
-from ptc.compiler.lora import attach_lora
+from ptc.compiler.edit.lora import attach_lora
 from ptc.lab.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
 from ptc.lab.tiny import hf_clip, hf_siglip, openclip  # the tiny builders
 from ptc.targets.openclip import OpenClip
@@ -155,7 +155,7 @@ def test_a_checkpoint_naming_ptcs_own_timm_tower_loads_in_a_fresh_process(tmp_pa
 
 
 def test_pretraining_logs_plain_progress_lines_when_no_terminal_shows_its_bar(tmp_path, capsys, monkeypatch):
-    from ptc.compiler import progress
+    from ptc import progress
 
     build, size = BUILDERS["hf-clip"]
     encoder = targets.load(build(tmp_path / "init"))

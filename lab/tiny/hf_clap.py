@@ -8,7 +8,7 @@ import torch
 
 from ptc.targets.hf_clap import HFClap
 
-from ..tiny_vocab import byte_bpe, extend_vocab
+from ptc.lab.tiny_vocab import byte_bpe, extend_vocab
 
 
 def build_tiny(folder: Path, *, embed_dim: int = 24, patch_width: int = 16, depths: tuple[int, ...] = (1, 1),

@@ -8,7 +8,7 @@ import torch
 
 from ptc.targets.hf_clip import HFClip
 
-from ..tiny_vocab import clip_tokenizer
+from ptc.lab.tiny_vocab import clip_tokenizer
 
 
 def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 24, layers: int = 2, heads: int = 2,

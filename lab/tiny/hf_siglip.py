@@ -8,7 +8,7 @@ import torch
 
 from ptc.targets.hf_siglip import HFSiglip, HFSiglip2
 
-from ..tiny_vocab import PROMPT_WORDS
+from ptc.lab.tiny_vocab import PROMPT_WORDS
 
 
 def _tiny_config(config_class, vocab_size: int, width: int, layers: int, heads: int, max_length: int,

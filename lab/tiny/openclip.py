@@ -9,7 +9,7 @@ import torch
 
 from ptc.targets.openclip import write_local_dir
 
-from ..tiny_vocab import clip_tokenizer
+from ptc.lab.tiny_vocab import clip_tokenizer
 
 # text_cfg.hf_tokenizer_name of a tiny-vocabulary model: any non-empty name makes open_clip's
 # get_tokenizer load the tokenizer saved in a local-dir folder; this one says whose it is.

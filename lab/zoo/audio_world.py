@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 
 from ptc.errors import InputError
-from .world import WorldSize
+from ptc.lab.zoo.world import WorldSize
 
 SECONDS = 1.0
 PLAIN_RATE, SHIFTED_RATE = 16000, 22050

@@ -13,13 +13,13 @@ import itertools
 
 import torch
 
-from ptc.compiler.certify import certificate
-from ptc.compiler.descriptor import affinity, consensus, cosine
-from ptc.compiler.recipe import Strength, Term
-from ptc.compiler.strength import choose_strengths
-from ptc.compiler.terms import combined_descriptor, source_descriptor
-from .paper import _mean, _points
-from .report import ratio
+from ptc.compiler.verify.certify import certificate
+from ptc.compiler.method.descriptor import affinity, consensus, cosine
+from ptc.compiler.recipe.schema import Strength, Term
+from ptc.compiler.edit.strength import choose_strengths
+from ptc.compiler.edit.terms import combined_descriptor, source_descriptor
+from ptc.lab.zoo.paper import _mean, _points
+from ptc.lab.zoo.report import ratio
 
 ALPHA = 0.5
 DEFAULT_RULE = "agreement"  # the headline consensus is what a recipe term gets by default

@@ -26,17 +26,17 @@ import torch
 
 from ptc import targets
 
-from ptc.compiler.bank import Bank
-from ptc.compiler.descriptor import class_embeddings, normalise
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.method.descriptor import class_embeddings, normalise
 from ptc.errors import InputError
-from ptc.compiler.evaluate import zero_shot_accuracy
-from ptc.compiler.finetune import finetune_lora
-from ptc.compiler.fsio import staged_directory, write_json_atomic
-from ptc.compiler.grid import load_task
-from ptc.compiler.sources import add_descriptor
-from .pretrain import pretrain
-from .profiles import PROFILES, Member, Profile
-from .worlds import ensure_task, world_module
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
+from ptc.compiler.sources.finetune import finetune_lora
+from ptc.files import staged_directory, write_json_atomic
+from ptc.compiler.tasks.grid import load_task
+from ptc.compiler.sources.descriptor import add_descriptor
+from ptc.lab.zoo.pretrain import pretrain
+from ptc.lab.zoo.profiles import PROFILES, Member, Profile
+from ptc.lab.zoo.worlds import ensure_task, world_module
 
 INDEX = "zoo.json"
 FORMAT = 1
@@ -256,7 +256,7 @@ def quality(index: dict) -> list[dict]:
 
 def quality_rows(index: dict) -> list[str]:
     """The quality report as an aligned table with a header row."""
-    from ptc.compiler.tables import table
+    from ptc.compiler.cli.tables import table
 
     return table([("MEMBER", "TASK", "ZERO-SHOT", "CHANCE", "PROMPT COSINE", "FINE-TUNED", "NOTE")] + [
         (r["member"], r["task"], f"{r['zero_shot']:.3f}", f"{r['chance']:.3f}", f"{r['prompt_cosine']:.3f}",

@@ -25,10 +25,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ptc.compiler.descriptor import centred, normalise
+from ptc.compiler.method.descriptor import centred, normalise
 from ptc.compiler.embed import embed_probe_files
-from ptc.compiler.labelled import labelled_files
-from ptc.compiler.solve import factorize, first_order_descriptor, solve_operator
+from ptc.compiler.tasks.labelled import labelled_files
+from ptc.compiler.method.ridge import factorize, first_order_descriptor, solve_operator
 
 FOLDS = 5          # linear probe: stratified folds (fewer where a class has fewer examples)
 PROBE_C = 10.0     # a weak L2 penalty (sklearn's default is 1): unit-norm inputs need large weights

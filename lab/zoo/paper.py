@@ -27,16 +27,16 @@ import torch
 
 from ptc import targets
 
-from ptc.compiler.bank import Bank
-from ptc.compiler.descriptor import centred, cosine, task_descriptor
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.method.descriptor import centred, cosine, task_descriptor
 from ptc.compiler.embed import embed_grid, embed_probe_files, embed_probe_files_for_edit
-from ptc.compiler.evaluate import zero_shot_correct
-from ptc.compiler.labelled import labelled_files
-from ptc.compiler.solve import factorize, solve_operator
-from . import headroom, residual
-from .bootstrap import RESAMPLES, mean_over, mean_score, resample_weights, with_intervals
-from .build import read_index
-from .report import ratio, ridge_choice
+from ptc.compiler.verify.evaluate import zero_shot_correct
+from ptc.compiler.tasks.labelled import labelled_files
+from ptc.compiler.method.ridge import factorize, solve_operator
+from ptc.lab.zoo import headroom, residual
+from ptc.lab.zoo.bootstrap import RESAMPLES, mean_over, mean_score, resample_weights, with_intervals
+from ptc.lab.zoo.build import read_index
+from ptc.lab.zoo.report import ratio, ridge_choice
 
 ALPHA = 0.5                      # the paper's strength for addition
 # Candidates, chosen on the labelled train split (never test). The full zoo chose 0.001, the
@@ -150,8 +150,8 @@ class Zoo:
             view.ridge = ridge
 
     def test_dir(self, task: str) -> Path:
-        from .world import WorldSize
-        from .worlds import ensure_task
+        from ptc.lab.zoo.world import WorldSize
+        from ptc.lab.zoo.worlds import ensure_task
 
         # Train splits are not committed (nor are the audio zoo's clips): written again if missing.
         sizes = {k: v for k, v in self.index["world"].items() if k in WorldSize.__dataclass_fields__}
@@ -595,7 +595,7 @@ def run(root: Path, echo: Callable[[str], None] = print, progress: bool = False,
     room = headroom.run(train_zoo, first)
     echo(f"  Oracle headroom (train split): fine-tuned {room['mean']['finetuned']:.1f}%, linear probe "
          f"{room['mean']['linear_probe']:.1f}%, Oracle at 0.5 {room['mean']['oracle_half']:.1f}%")
-    from . import beyond  # it builds on this module's Zoo and helpers
+    from ptc.lab.zoo import beyond  # it builds on this module's Zoo and helpers
     beyond_results, certified = beyond.run(zoo, train_zoo, echo)
     results = {
         "profile": zoo.index["profile"], "split": split, "members": zoo.members, "tasks": zoo.source_tasks,

@@ -17,10 +17,10 @@ import torch
 
 from ptc.targets.base import Batch, batch_len, batch_rows, batch_to
 
-from ptc.compiler.descriptor import normalise
-from ptc.compiler.compute import device_label, resolve_device
-from ptc.compiler.progress import Progress
-from .profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
+from ptc.compiler.method.descriptor import normalise
+from ptc.devices import device_label, resolve_device
+from ptc.progress import Progress
+from ptc.lab.zoo.profiles import PretrainConfig  # noqa: F401  (re-exported: the loop's settings)
 
 LOGIT_SCALE_INIT = {"softmax": math.log(1 / 0.07), "sigmoid": math.log(10.0)}
 SIGMOID_BIAS_INIT = -10.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import audio_world
-from .world import CONTROL_TASKS, IN_DISTRIBUTION, TASKS, WorldSize
+from ptc.lab.zoo import audio_world
+from ptc.lab.zoo.world import CONTROL_TASKS, IN_DISTRIBUTION, TASKS, WorldSize
 
 
 @dataclass(frozen=True)

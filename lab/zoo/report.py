@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from ptc.compiler.fsio import write_bytes_atomic
+from ptc.files import write_bytes_atomic
 
 
 def _f(value, digits: int = 2) -> str:

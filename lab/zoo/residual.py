@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from ptc.compiler.descriptor import cosine
-from ptc.compiler.solve import edited_embeddings
+from ptc.compiler.method.descriptor import cosine
+from ptc.compiler.method.ridge import edited_embeddings
 
 PLACES = ("descriptor", "operator", "shift_field")
 MIN_ORACLE = 3.0  # points; below it the forfeited share is dominated by noise (paper, Table 14)

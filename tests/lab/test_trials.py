@@ -185,7 +185,7 @@ def test_the_readability_benchmark_reads_zero_shot_as_ptc_eval_does(zoo, tmp_pat
     """benchmarks/readable_shift: its zero-shot figure on images it draws is what the product's
     evaluation scores on them, and every style draws the same scenes' labels."""
     from ptc.lab.benchmarks import readable_shift
-    from ptc.compiler.evaluate import zero_shot_accuracy
+    from ptc.compiler.verify.evaluate import zero_shot_accuracy
     from ptc.lab.zoo.paper import Zoo
 
     harness = Zoo(zoo, split="train")

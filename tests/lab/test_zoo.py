@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ptc import targets
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from ptc.errors import ModelNotFound
-from ptc.compiler.evaluate import zero_shot_accuracy
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
 from ptc.lab.zoo import paper, report
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 from conftest import run_ptc, tree_digest
@@ -249,7 +249,7 @@ def test_paper_results_carry_the_issue_keys(zoo, results):
     assert results["negation"]["lambda_0"]["removed_delta"] == 0.0
     assert {"same_task_cosine_centred", "different_task_cosine_centred"} <= set(results["agreement"])
     # Per task, over member pairs (a two-member zoo has one pair): read from the bank independently.
-    from ptc.compiler.descriptor import centred, cosine
+    from ptc.compiler.method.descriptor import centred, cosine
     harness, by_task = paper.Zoo(zoo), results["agreement"]["same_task_cosine_centred_by_task"]
     harness.use_ridge(results["ridge"])
     first, second = harness.members
@@ -376,7 +376,7 @@ def test_addition_against_strength_recomputed_at_full_strength(zoo, results):
 def test_where_the_residual_reaches_the_edit_recomputed_for_one_cell(zoo, results):
     """Table 8 for zoo:clip as the target of zoo:vit's first task: its operator acts on the
     embedding itself, so the shift field is the probes' embeddings times the edit."""
-    from ptc.compiler.descriptor import cosine
+    from ptc.compiler.method.descriptor import cosine
 
     harness = paper.Zoo(zoo)
     harness.use_ridge(results["ridge"])
@@ -570,7 +570,7 @@ def test_centred_agreement_ignores_a_shift_shared_by_a_probes_classes():
     generator = torch.Generator().manual_seed(0)
     u = torch.randn(30, 5, generator=generator, dtype=torch.float64)
     shifted = u + torch.randn(30, 1, generator=generator, dtype=torch.float64) * 10
-    from ptc.compiler.descriptor import centred, cosine
+    from ptc.compiler.method.descriptor import centred, cosine
     assert cosine(shifted, u) < 0.5
     assert cosine(centred(shifted), centred(u)) == pytest.approx(1.0, abs=1e-12)
 
@@ -594,9 +594,9 @@ def test_the_report_names_the_member_whose_descriptors_transfer_worst():
 
 
 def test_the_oracles_headroom_is_read_on_the_train_split_and_agrees_with_ptc_eval(zoo, results):
-    from ptc.compiler.descriptor import class_embeddings, normalise
+    from ptc.compiler.method.descriptor import class_embeddings, normalise
     from ptc.compiler.embed import embed_probe_files
-    from ptc.compiler.labelled import labelled_files
+    from ptc.compiler.tasks.labelled import labelled_files
     from ptc.lab.zoo import headroom
 
     room = results["headroom"]

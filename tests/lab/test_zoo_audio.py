@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from ptc import targets
-from ptc.compiler.bank import Bank
+from ptc.compiler.bank.store import Bank
 from ptc.errors import ModelNotFound
 from ptc.lab.zoo import paper
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index

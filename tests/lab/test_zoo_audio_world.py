@@ -78,8 +78,8 @@ def test_noise_colours_differ_in_spectral_slope():
 
 def test_downstream_splits_are_shifted_and_tasks_register_and_load(tmp_path):
     from ptc import targets
-    from ptc.compiler.bank import Bank
-    from ptc.compiler.grid import load_task
+    from ptc.compiler.bank.store import Bank
+    from ptc.compiler.tasks.grid import load_task
     from ptc.lab.tiny.hf_clap import build_tiny
 
     files = write_world(tmp_path / "world", SMALL, seed=0)

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 from PIL import Image
 
-from ptc.compiler.grid import load_task
-from ptc.compiler.labelled import labelled_files
+from ptc.compiler.tasks.grid import load_task
+from ptc.compiler.tasks.labelled import labelled_files
 import dataclasses
 
 import pytest

@@ -1,0 +1,5 @@
+"""`python -m ptc.compiler.cli`: the same command as `ptc`."""
+
+from ptc.compiler.cli.main import main
+
+main()

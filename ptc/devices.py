@@ -1,0 +1,108 @@
+"""Where forward passes run and in what precision (`--device`, `--precision`).
+
+The heavy passes (every probe of a grid, every prompt, held-out and certification data) run
+on the chosen device, optionally under autocast in bf16 or fp16. A reduced precision changes
+the embeddings, so it is part of the bank's cache key (an fp32 entry is never read for a bf16
+build, nor the reverse) and every embedding entry records the device and precision that made
+it. Verification and export always run in fp32 on the CPU: the small check batch is the
+reference that every shipped figure is compared against, and ONNX is exported from it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from ptc.errors import InputError
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU = torch.device("cpu")
+
+_PRECISION: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
+
+
+def resolve_device(text: str = "auto") -> torch.device:
+    """`auto` (the first GPU when there is one, else the CPU), `cpu`, `cuda` or `cuda:N`; a
+    device this machine does not have is an InputError naming what it has."""
+    if text == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else CPU
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise InputError(f"--device {text}: expected auto, cpu, cuda or cuda:N", "run with --device auto")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise InputError(f"--device {text}: this machine has {count} CUDA device(s) usable by torch "
+                             f"{torch.__version__}", "run with --device auto or --device cpu")
+    return device
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}", "the default is fp32")
+    return precision
+
+
+def place(model, device: torch.device, precision: str = "fp32"):
+    """`model` moved to `device`, its embedding passes to run in `precision`; returns it."""
+    check_precision(precision)
+    if device.type == "cuda":
+        # fp32 means fp32: TF32 matmuls and convolutions would move embeddings by ~1e-3.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    model.to_device(device)
+    _PRECISION[model] = precision
+    return model
+
+
+@dataclass(frozen=True)
+class Compute:
+    """`--device` and `--precision` as given: resolved where the passes run (a Ray worker
+    resolves `auto` on its own machine)."""
+
+    device: str = "auto"
+    precision: str = "fp32"
+
+    def resolved(self) -> torch.device:
+        return resolve_device(self.device)
+
+    def place(self, model):
+        return place(model, self.resolved(), self.precision)
+
+
+def precision_of(model) -> str:
+    """The precision `place` gave this model's embedding passes (fp32 unless placed otherwise)."""
+    return _PRECISION.get(model, "fp32")
+
+
+def autocast(model):
+    """The context its embedding passes run in: autocast to its precision, or nothing for fp32."""
+    precision = precision_of(model)
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=model.device.type, dtype=PRECISIONS[precision])
+
+
+def device_label(device: torch.device) -> str:
+    """What a record says a pass ran on: 'cpu', or 'cuda: <the GPU's name>'."""
+    device = torch.device(device)
+    return f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type
+
+
+@contextmanager
+def on_device(models: list, device: torch.device):
+    """Run a block with `models` on `device`, then move them back to the CPU (where the
+    verification and export that follow run)."""
+    for model in models:
+        model.to_device(device)
+    try:
+        yield
+    finally:
+        for model in models:
+            model.to_device(CPU)
