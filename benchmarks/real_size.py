@@ -111,7 +111,7 @@ def _own_floor(target_ref: str, out: Path, check_inputs: int) -> dict:
     target, writing the output's bytes, and one pass of the check batch through the edited
     model, its ONNX graph and (4 inputs) the reload."""
     from ptc import targets
-    from ptc.compiler.export.writers import run_onnx
+    from ptc.compiler.export.onnx_run import run_onnx
 
     parts = {"start_and_load": _process(LOAD_TARGET, target_ref)[0]}
     model = targets.load(target_ref)
@@ -142,7 +142,8 @@ def _export_check(out: Path, bank: Path, probes: list[Path]) -> dict:
     """The shipped (patched) vision graph against a fresh export of the edited checkpoint, and
     its latency against the base graph's."""
     from ptc import targets
-    from ptc.compiler.export.writers import export_onnx, run_onnx
+    from ptc.compiler.export.onnx_graph import export_onnx
+    from ptc.compiler.export.onnx_run import run_onnx
 
     edited = targets.load(f"hf:{out / 'model'}")
     batch = edited.load_inputs(probes[:8])

@@ -222,7 +222,7 @@ def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: i
     import onnxruntime as ort
 
     from ptc import targets
-    from ptc.compiler.export.writers import export_onnx
+    from ptc.compiler.export.onnx_graph import export_onnx
     from ptc.compiler.edit.lora import attach_lora
     from ptc.targets.base import OnnxTower
 

@@ -159,7 +159,7 @@ EXPORT_SIGLIP = """
 import sys
 from pathlib import Path
 from ptc import targets
-from ptc.compiler.export.writers import export_onnx
+from ptc.compiler.export.onnx_graph import export_onnx
 from ptc.lab.tiny.hf_siglip import build_tiny
 folder = build_tiny(Path(sys.argv[1]) / "siglip", width=40, seed=0)
 export_onnx(targets.load(f"hf:{folder}").onnx_towers()[0], Path(sys.argv[1]) / "vision_model.onnx")

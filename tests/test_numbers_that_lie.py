@@ -123,7 +123,7 @@ def _built_bank(world, tmp_path: Path) -> tuple[Path, Path]:
 def _reseal_damaged_text_tower(bank: Path) -> None:
     """The cached text tower replaced by bytes that are no graph, sealed as if written so: what
     a disk error during the export, before the seal, leaves behind."""
-    from ptc.compiler.export.tower_cache import onnx_files
+    from ptc.compiler.export.onnx_graph import onnx_files
 
     graph = next(bank.glob("exports/*/text_model.onnx"))
     graph.write_bytes(b"\x08\x07 this is no ONNX graph" * 40)

@@ -173,7 +173,7 @@ def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_see
 def test_a_target_from_the_hub_cache_is_the_cards_base_model(world, shipped, monkeypatch):
     """hf:org/name found in the local Hugging Face cache (not a folder here) is a Hub id."""
     from ptc import targets
-    from ptc.compiler.export.writers import model_card
+    from ptc.compiler.export.card import model_card
     import ptc.targets.hf as hf
 
     monkeypatch.setattr(hf, "_cache_dir_for", lambda model_id: world.target if model_id == "org/tiny-clip" else None)

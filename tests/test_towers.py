@@ -15,7 +15,7 @@ import torch
 from ptc import targets
 from ptc.compiler.export import tower_cache as towers
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.export.writers import export_onnx
+from ptc.compiler.export.onnx_graph import copy_onnx, export_onnx, onnx_files
 from conftest import run_ptc, write_recipe
 from test_families import FAMILIES
 
@@ -75,7 +75,7 @@ def test_what_cannot_be_matched_is_exported_afresh(tmp_path):
     build, scheme = FAMILIES["hf-clip"]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=3)))
     base = encoder.onnx_towers()[0]
-    cached = towers.onnx_files(towers.cached_base(Bank(tmp_path / "cache"), towers.export_key("k", base), base))
+    cached = onnx_files(towers.cached_base(Bank(tmp_path / "cache"), towers.export_key("k", base), base))
     encoder.model.visual_projection.weight.data.fill_(0.01)  # uniform: a match by value would be a guess
     base, tower = encoder.onnx_towers()[0], _edited(encoder).onnx_towers()[0]
     assert towers.find_patches(cached, towers.changed_tensors(base.module, tower.module)) is None
@@ -118,14 +118,14 @@ def test_towers_are_written_with_their_tensors_as_external_data(tmp_path):
     base, tower = encoder.onnx_towers()[0], edited.onnx_towers()[0]
     path = tmp_path / "out" / "vision_model.onnx"
     assert towers.write_tower(Bank(tmp_path / "cache"), "k", base, tower, path, {}) == "patched"
-    assert [p.name for p in towers.onnx_files(path)] == ["vision_model.onnx", "vision_model.onnx.data"]
+    assert [p.name for p in onnx_files(path)] == ["vision_model.onnx", "vision_model.onnx.data"]
     graph = onnx.load(str(path), load_external_data=False)
     external = [i for i in graph.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
     assert external and all(len(i.raw_data) <= 1024 for i in graph.graph.initializer if i not in external)
     with torch.inference_mode():
         expected = tower.module(**tower.example_inputs).numpy()
     assert np.abs(_run(path, tower.example_inputs) - expected).max() < 1e-5
-    copied = towers.copy_onnx(path, tmp_path / "triton" / "1", "model.onnx")  # Triton's layout keeps the data
+    copied = copy_onnx(path, tmp_path / "triton" / "1", "model.onnx")  # Triton's layout keeps the data
     assert np.abs(_run(copied, tower.example_inputs) - expected).max() < 1e-5
 
 

@@ -20,8 +20,11 @@ from ptc.devices import CPU, on_device, place
 from ptc.compiler.embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_info, model_key
 from ptc.errors import OutputError, VerifyError, library_errors
 from ptc.compiler.verify.evaluate import zero_shot_accuracy
-from ptc.compiler.export.writers import (fp16_variant, min_row_cosine, model_card, run_onnx,
-                     stamp_safetensors, write_triton_model)
+from ptc.compiler.export.card import model_card
+from ptc.compiler.export.fp16 import fp16_variant
+from ptc.compiler.export.onnx_run import min_row_cosine, run_onnx
+from ptc.compiler.export.stamp import stamp_safetensors
+from ptc.compiler.export.triton import write_triton_model
 from ptc.files import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
 from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
 from ptc.compiler.recipe.lock import (LOCK_NAME, RUN_RECORD, check_locked, describe, differences, lock_document, lock_inputs,
@@ -31,7 +34,8 @@ from ptc.compiler.recipe.options import Options
 from ptc.compiler.build.report import BuildReport
 from ptc.compiler.recipe.plan import Plan, plan  # noqa: F401  (build.plan stays the public entry point)
 from ptc.compiler.edit.routes import ROUTES, Check, Edit, Run, grid_goals
-from ptc.compiler.export.tower_cache import interface, write_tower
+from ptc.compiler.export.onnx_graph import interface
+from ptc.compiler.export.tower_cache import write_tower
 from ptc.compiler.edit.strength import choose_strengths, strength_report
 from ptc.compiler.edit.terms import resolve_descriptors, with_weights
 from ptc.compiler.verify.checks import descriptor_residual, max_abs_difference, require, require_at_least

@@ -1,3 +1,5 @@
-"""Writing what a build ships: ONNX towers exported and run (`writers`), base towers cached
-in the bank and patched with an edit (`tower_cache`), the checkpoint's stamp, fp16
-variants, the Triton repository, the model card and its picture (`card_plot`)."""
+"""Writing what a build ships, one job a module: ONNX graphs exported, saved and described
+(`onnx_graph`), run with onnxruntime (`onnx_run`), their fp16 variants (`fp16`), base towers
+cached in the bank and patched with an edit (`tower_cache.write_tower`), the checkpoint's
+provenance stamp (`stamp`), the Triton repository (`triton`), and the model card with its
+picture (`card`, `card_plot`)."""

@@ -32,21 +32,11 @@ from ptc import __version__
 from ptc.errors import BankError
 from ptc.compiler.bank.store import Bank
 from ptc.files import file_lock
+from ptc.compiler.export.onnx_graph import ONNX_OPSET, export_onnx, onnx_files, set_metadata
 
 
-def save_onnx(model, path: Path) -> None:
-    """Save a graph with every tensor over 1 KiB in `<name>.data` beside it, as export_onnx does."""
-    import onnx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=f"{path.name}.data", size_threshold=1024)
 
 
-def onnx_files(path: Path) -> list[Path]:
-    """The graph and, where it has one, its external data file."""
-    data = path.with_name(f"{path.name}.data")
-    return [path, data] if data.is_file() else [path]
 
 
 def export_key(model_key: str, tower: OnnxTower) -> str:
@@ -54,8 +44,6 @@ def export_key(model_key: str, tower: OnnxTower) -> str:
     example input shapes, and the versions of everything that writes the graph."""
     import onnx
     import onnxscript
-
-    from ptc.compiler.export.writers import ONNX_OPSET
 
     shapes = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in tower.example_inputs.items())
     text = "|".join(map(str, (model_key, tower.name, shapes, __version__, torch.__version__, onnx.__version__,
@@ -67,8 +55,6 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
     """The base tower's graph in the bank, exported (stack traces stripped) on first use and
     sealed with its files' hashes, which every use checks. Concurrent builds export it once:
     the second waits on the lock and finds it written."""
-    from ptc.compiler.export.writers import export_onnx
-
     path = bank.export_folder(key) / f"{tower.name}.onnx"
     if _intact(bank, key, tower.name):
         return path
@@ -194,40 +180,16 @@ def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, 
 def _metadata_message(provenance: dict) -> bytes:
     import onnx
 
-    from ptc.compiler.export.writers import set_metadata
-
     message = onnx.ModelProto()
     set_metadata(message, provenance)
     return message.SerializeToString()
 
 
 def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
-    from ptc.compiler.export.writers import export_onnx
-
     export_onnx(tower, path)
     with open(path, "ab") as handle:
         handle.write(_metadata_message(provenance))
 
 
-def interface(path: Path) -> dict:
-    """What a deployer feeds a graph and gets back, read off the graph itself: each input's and
-    output's name, dtype and shape (an int for a fixed axis, the axis's name for a dynamic one)."""
-    import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-
-    def described(values) -> list[dict]:
-        return [{"name": v.name, "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
-                 "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]}
-                for v in values]
-    return {"inputs": described(graph.input), "outputs": described(graph.output)}
 
 
-def copy_onnx(source: Path, folder: Path, name: str) -> Path:
-    """`source` (and its external data, under the name the graph records) copied into `folder`
-    as `name`; for Triton's `<model>/1/model.onnx` layout."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for file in onnx_files(source):
-        shutil.copyfile(file, folder / (name if file == source else file.name))
-    return folder / name
