@@ -36,7 +36,9 @@ def _clips(encoder, task: str, count: int, shifted: bool, rng: random.Random, fo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="tempo", choices=sorted(audio_world.TASKS))
-    parser.add_argument("--member", default=AUDIO.members[0].name, choices=[m.name for m in AUDIO.members])
+    parser.add_argument(
+        "--member", default=AUDIO.members[0].name, choices=[m.name for m in AUDIO.members]
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
@@ -45,29 +47,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         member = AUDIO.member(args.member)
-        encoder = targets.load(f"{member.scheme}:{_builder(member)(scratch / 'model', seed=0, **member.options)}")
-        tests = {style: _clips(encoder, args.task, 256, style == "shifted", rng, scratch)
-                 for style in ("clean", "shifted")}
+        encoder = targets.load(
+            f"{member.scheme}:{_builder(member)(scratch / 'model', seed=0, **member.options)}"
+        )
+        tests = {
+            style: _clips(encoder, args.task, 256, style == "shifted", rng, scratch)
+            for style in ("clean", "shifted")
+        }
         module = encoder.trainable().train()
         head = torch.nn.Linear(encoder.embed_dim, len(audio_world.TASKS[args.task][0]))
-        optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad] + list(head.parameters()),
-                                      lr=args.lr)
+        optimizer = torch.optim.AdamW(
+            [p for p in module.parameters() if p.requires_grad] + list(head.parameters()),
+            lr=args.lr,
+        )
         start = time.perf_counter()
         for step in range(1, args.steps + 1):
             inputs, labels = _clips(encoder, args.task, 64, False, rng, scratch)
-            loss = torch.nn.functional.cross_entropy(head(encoder.embed_with(module, inputs)), labels)
+            loss = torch.nn.functional.cross_entropy(
+                head(encoder.embed_with(module, inputs)), labels
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             if step % 100 == 0 or step == args.steps:
                 module.eval()
                 with torch.no_grad():
-                    scores = {style: float((head(encoder.embed_with(module, x)).argmax(1) == y).float().mean())
-                              for style, (x, y) in tests.items()}
+                    scores = {
+                        style: float(
+                            (head(encoder.embed_with(module, x)).argmax(1) == y).float().mean()
+                        )
+                        for style, (x, y) in tests.items()
+                    }
                 module.train()
-                print(f"{args.member} {args.task} step {step}: loss {loss.item():.3f}, held-out accuracy clean "
-                      f"{scores['clean']:.3f}, shifted {scores['shifted']:.3f} ({time.perf_counter() - start:.0f}s)",
-                      flush=True)
+                print(
+                    f"{args.member} {args.task} step {step}: loss {loss.item():.3f}, held-out accuracy clean "
+                    f"{scores['clean']:.3f}, shifted {scores['shifted']:.3f} ({time.perf_counter() - start:.0f}s)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-from ptc.compiler.method.descriptor import affinity, agreement_weights, centred, consensus, cosine, relative_descriptor
+from ptc.compiler.method.descriptor import (
+    affinity,
+    agreement_weights,
+    centred,
+    consensus,
+    cosine,
+    relative_descriptor,
+)
 from ptc.compiler.recipe.schema import Strength
 from ptc.lab.zoo import beyond
 from ptc.lab.zoo.paper import ALPHA, Zoo, _points, choose_ridge
@@ -41,14 +47,21 @@ def relative_statistics(zoo: Zoo, seed: int = 0) -> dict:
             view = zoo.view(target)
             for task in zoo.source_tasks:
                 base = view.accuracy(task)
-                own = _points(view.accuracy(task, view.operator(task, zoo.descriptor(task, target, seed), ALPHA)), base)
+                own = _points(
+                    view.accuracy(
+                        task, view.operator(task, zoo.descriptor(task, target, seed), ALPHA)
+                    ),
+                    base,
+                )
                 grid = view.grids[task]
                 t_pre = affinity(grid.inputs.double(), grid.class_rows.double())
                 for source in zoo.members:
                     if source == target:
                         continue
                     entry = zoo.bank.descriptor(task, f"{source}-s{seed}")
-                    u = _standardised(entry.tensors["utd"], entry.tensors["source_affinity"], t_pre, dim)
+                    u = _standardised(
+                        entry.tensors["utd"], entry.tensors["source_affinity"], t_pre, dim
+                    )
                     gains.append(_points(view.accuracy(task, view.operator(task, u, ALPHA)), base))
                     oracle.append(own)
         rows[name] = sum(gains) / sum(oracle)
@@ -71,23 +84,38 @@ def source_weighting(zoo: Zoo) -> dict:
                     us = [reader.of(kind)(task, s, target) for s in others]
                     weights = {
                         "uniform": None,
-                        "agreement": agreement_weights([reader.pre_affinity(s, task) for s in others], t_pre),
-                        "agreement with the others": [max(cosine(centred(u), centred(sum(v for v in us if v is not u))),
-                                                          1e-3) for u in us]}
+                        "agreement": agreement_weights(
+                            [reader.pre_affinity(s, task) for s in others], t_pre
+                        ),
+                        "agreement with the others": [
+                            max(cosine(centred(u), centred(sum(v for v in us if v is not u))), 1e-3)
+                            for u in us
+                        ],
+                    }
                     for name, w in weights.items():
                         row = rows.setdefault(kind, {}).setdefault(name, [0.0, 0.0])
                         row[0] += gain(consensus(us, w, "normalised"))
                         row[1] += oracle
-                    for s, u in zip(others, us):  # for the best single source per target, in hindsight
+                    # for the best single source per target, in hindsight
+                    for s, u in zip(others, us):
                         row = rows[kind].setdefault(("single", target, s), [0.0, 0.0])
                         row[0] += gain(u)
                         row[1] += oracle
     out = {}
     for kind, table in rows.items():
-        out[kind] = {name: round(g / o, 3) for name, (g, o) in table.items() if isinstance(name, str)}
-        best = [max((v for k, v in table.items() if isinstance(k, tuple) and k[1] == t), key=lambda v: v[0])
-                for t in zoo.members]
-        out[kind]["best single source per target (hindsight)"] = round(sum(g for g, _ in best) / sum(o for _, o in best), 3)
+        out[kind] = {
+            name: round(g / o, 3) for name, (g, o) in table.items() if isinstance(name, str)
+        }
+        best = [
+            max(
+                (v for k, v in table.items() if isinstance(k, tuple) and k[1] == t),
+                key=lambda v: v[0],
+            )
+            for t in zoo.members
+        ]
+        out[kind]["best single source per target (hindsight)"] = round(
+            sum(g for g, _ in best) / sum(o for _, o in best), 3
+        )
     return out
 
 
@@ -97,23 +125,42 @@ def main() -> None:
     args = parser.parse_args()
     zoo = Zoo(args.zoo, split="train")
     zoo.use_ridge(choose_ridge(zoo)["ridge"])  # ptc paper's ridge, chosen on the same split
-    print("relative descriptor statistics, retention (seed 0):",
-          {k: round(v, 3) for k, v in relative_statistics(zoo).items()})
+    print(
+        "relative descriptor statistics, retention (seed 0):",
+        {k: round(v, 3) for k, v in relative_statistics(zoo).items()},
+    )
     everyone = str(len(zoo.members) - 1)
     for kind in ("difference", "relative"):
-        per_seed = [beyond.summarise_sources(beyond.source_cells(zoo, seed), zoo)[kind] for seed in zoo.seeds]
-        print(f"consensus of all other members ({kind}), retention by rule:",
-              {rule: round(sum(s["retention_by_rule"][rule][everyone] for s in per_seed) / len(per_seed), 3)
-               for rule in ("mean", "normalised", "median")})
+        per_seed = [
+            beyond.summarise_sources(beyond.source_cells(zoo, seed), zoo)[kind]
+            for seed in zoo.seeds
+        ]
+        print(
+            f"consensus of all other members ({kind}), retention by rule:",
+            {
+                rule: round(
+                    sum(s["retention_by_rule"][rule][everyone] for s in per_seed) / len(per_seed), 3
+                )
+                for rule in ("mean", "normalised", "median")
+            },
+        )
     for kind, table in source_weighting(zoo).items():
-        print(f"consensus weights, all other members, normalised rule ({kind}), retention over seeds:", table)
+        print(
+            f"consensus weights, all other members, normalised rule ({kind}), retention over seeds:",
+            table,
+        )
     for weight in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0):
         nets = {}
         for kind in ("difference", "relative"):
             rows = beyond.strength_rows(zoo, 0, kind, Strength(mode="auto", control_weight=weight))
-            nets[kind] = round(sum(r["auto"]["composed_gain"] + r["auto"]["control_delta"]
-                                   for r in rows.values()) / len(rows), 2)
-        print(f"strength auto, control_weight {weight:g}: net points over J = 1..{len(rows)}: {nets}")
+            nets[kind] = round(
+                sum(r["auto"]["composed_gain"] + r["auto"]["control_delta"] for r in rows.values())
+                / len(rows),
+                2,
+            )
+        print(
+            f"strength auto, control_weight {weight:g}: net points over J = 1..{len(rows)}: {nets}"
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,11 @@ def measure(name: str) -> dict:
     from ptc.targets.checkpoint import declared_shapes
 
     spec = CONFIGS[name]
-    config = CLIPConfig(text_config={**spec["text"], "vocab_size": 49408, "max_position_embeddings": 77},
-                        vision_config=spec["vision"], projection_dim=spec["projection_dim"])
+    config = CLIPConfig(
+        text_config={**spec["text"], "vocab_size": 49408, "max_position_embeddings": 77},
+        vision_config=spec["vision"],
+        projection_dim=spec["projection_dim"],
+    )
     torch.manual_seed(0)
     model = CLIPModel(config).eval()
     weights = model.state_dict()
@@ -39,10 +42,15 @@ def measure(name: str) -> dict:
         forward = median_seconds(lambda: model.get_image_features(pixel_values=pixels), 3)
     finite = median_seconds(lambda: first_non_finite(weights), 3)
     meta = median_seconds(lambda: declared_shapes(lambda: CLIPModel(config)), 3)
-    return {"values": values, "model_bytes": 4 * values, "forward_batch8_seconds": forward,
-            "finite_check_seconds": finite, "meta_build_seconds": meta,
-            "checks_over_one_batch": (finite + meta) / forward,
-            "checks_over_cold_embed_floor_384_probes": (finite + meta) / (forward * 384 / 8)}
+    return {
+        "values": values,
+        "model_bytes": 4 * values,
+        "forward_batch8_seconds": forward,
+        "finite_check_seconds": finite,
+        "meta_build_seconds": meta,
+        "checks_over_one_batch": (finite + meta) / forward,
+        "checks_over_cold_embed_floor_384_probes": (finite + meta) / (forward * 384 / 8),
+    }
 
 
 def main() -> None:
@@ -50,15 +58,24 @@ def main() -> None:
     parser.add_argument("sizes", nargs="*", default=["vit-b16", "vit-l14"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    results = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                           "threads": torch.get_num_threads()}, "sizes": {}}
+    results = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "threads": torch.get_num_threads(),
+        },
+        "sizes": {},
+    }
     for name in args.sizes:
         figures = measure(name)
         results["sizes"][name] = figures
-        print(f"{name}: {figures['values'] / 1e6:.0f}M values; finite test {figures['finite_check_seconds']:.3f} s, "
-              f"meta build {figures['meta_build_seconds']:.3f} s, one forward of 8 images "
-              f"{figures['forward_batch8_seconds']:.3f} s: checks = {figures['checks_over_one_batch']:.2f} batches, "
-              f"{100 * figures['checks_over_cold_embed_floor_384_probes']:.1f}% of embedding 384 probes", flush=True)
+        print(
+            f"{name}: {figures['values'] / 1e6:.0f}M values; finite test {figures['finite_check_seconds']:.3f} s, "
+            f"meta build {figures['meta_build_seconds']:.3f} s, one forward of 8 images "
+            f"{figures['forward_batch8_seconds']:.3f} s: checks = {figures['checks_over_one_batch']:.2f} batches, "
+            f"{100 * figures['checks_over_cold_embed_floor_384_probes']:.1f}% of embedding 384 probes",
+            flush=True,
+        )
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(results, handle, indent=2)

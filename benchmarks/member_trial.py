@@ -21,26 +21,38 @@ import shutil
 from pathlib import Path
 
 from ptc.files import write_json_atomic
+from ptc.lab.benchmarks.source_trial import build_and_report, copy_without_sources, zoo_index
 from ptc.lab.zoo.build import INDEX, profile_named, read_index
 from ptc.lab.zoo.profiles import FULL, Member
-
-from ptc.lab.benchmarks.source_trial import build_and_report, copy_without_sources, zoo_index
 
 CANDIDATES = {
     # EVA02 (the paper's EVA-CLIP family) as a timm tower: rotary position embeddings, SwiGLU,
     # separate q/v projections; the same size as zoo:vit's tower, a wider embedding (72).
     # Trialled in place of resnet and kept: it is the full profile's fourth member now.
-    "eva": Member("eva", "open_clip:local-dir", "openclip:build_tiny_eva", {"embed_dim": 72}, pretrain={"steps": 6000}),
+    "eva": Member(
+        "eva",
+        "open_clip:local-dir",
+        "openclip:build_tiny_eva",
+        {"embed_dim": 72},
+        pretrain={"steps": 6000},
+    ),
     # zoo:clip pretrained longer (its final loss, 0.85, is the highest of the softmax members').
     "clip-9000": dataclasses.replace(FULL.member("clip"), pretrain={"steps": 9000}),
     # zoo:siglip pretrained longer: its sources gain least and its descriptors transfer worst both
     # ways; at 5,000 steps its loss was still falling fast (2.29, and 1.12 at 8,000 on an earlier zoo).
     "siglip-8000": dataclasses.replace(FULL.member("siglip"), pretrain={"steps": 8000}),
     # zoo:siglip wider (80 -> 112), as long as before: width is the other fair lever the issue names.
-    "siglip-w112": dataclasses.replace(FULL.member("siglip"), options=FULL.member("siglip").options | {"width": 112}),
+    "siglip-w112": dataclasses.replace(
+        FULL.member("siglip"), options=FULL.member("siglip").options | {"width": 112}
+    ),
     # The open_clip ModifiedResNet that was the fourth member until then (`--replace eva --by resnet`).
-    "resnet": Member("resnet", "open_clip:local-dir", "openclip:build_tiny_resnet",
-                     {"width": 20, "embed_dim": 56, "image_size": 64}, pretrain={"steps": 5000}),
+    "resnet": Member(
+        "resnet",
+        "open_clip:local-dir",
+        "openclip:build_tiny_resnet",
+        {"width": 20, "embed_dim": 56, "image_size": 64},
+        pretrain={"steps": 5000},
+    ),
 }
 
 
@@ -59,11 +71,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/member-trial"))
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
     parser.add_argument("--replace", required=True, help="the member left out")
-    parser.add_argument("--by", required=True, choices=sorted(CANDIDATES), help="the member built in its place")
+    parser.add_argument(
+        "--by", required=True, choices=sorted(CANDIDATES), help="the member built in its place"
+    )
     args = parser.parse_args()
     index = zoo_index(args.zoo)
     if args.replace not in index["members"]:
-        raise SystemExit(f"{args.zoo}: no member {args.replace} (members: {', '.join(index['members'])})")
+        raise SystemExit(
+            f"{args.zoo}: no member {args.replace} (members: {', '.join(index['members'])})"
+        )
     base = profile_named(index["profile"])
     members = tuple(CANDIDATES[args.by] if m.name == args.replace else m for m in base.members)
     profile = dataclasses.replace(base, members=members)

@@ -19,8 +19,8 @@ import random
 import tempfile
 from pathlib import Path
 
-from ptc.compiler.method.descriptor import task_descriptor
 from ptc.compiler.embed import embed_probe_files, embed_probe_files_for_edit
+from ptc.compiler.method.descriptor import task_descriptor
 from ptc.compiler.method.ridge import factorize, solve_operator
 from ptc.lab.zoo import world
 from ptc.lab.zoo.paper import ALPHA, Zoo, _mean, _points, retention
@@ -44,18 +44,28 @@ def extra_probes(folder: Path, task: str, count: int, seed: int, shift: str) -> 
 def larger_grids(zoo: Zoo, folder: Path, extra: int, seed: int) -> tuple[dict, dict]:
     """Factors and descriptors of every (member, source task) on the world's probes plus `extra`."""
     shift = zoo.index["world"]["downstream_shift"]
-    probes = {task: [*zoo.bank.task(task).probes, *extra_probes(folder, task, extra, zoo.index["seed"], shift)]
-              for task in zoo.source_tasks}
+    probes = {
+        task: [
+            *zoo.bank.task(task).probes,
+            *extra_probes(folder, task, extra, zoo.index["seed"], shift),
+        ]
+        for task in zoo.source_tasks
+    }
     factors, descriptors = {}, {}
     for member in zoo.members:
         view = zoo.view(member)
         for task in zoo.source_tasks:
-            inputs, regressors = embed_probe_files_for_edit(view.encoder, probes[task], 64, "probes", False)
+            inputs, regressors = embed_probe_files_for_edit(
+                view.encoder, probes[task], 64, "probes", False
+            )
             factors[member, task] = factorize(inputs, view.class_rows[task], regressors)
             tuned = view.encoder.with_adapter(zoo.adapter(member, task, seed))
             moved = embed_probe_files(tuned, probes[task], 64, "fine-tuned probes", False)
             descriptors[member, task] = task_descriptor(moved, inputs, view.class_rows[task])
-        print(f"  {member}: descriptors on {len(probes[zoo.source_tasks[0]])} probes per task", flush=True)
+        print(
+            f"  {member}: descriptors on {len(probes[zoo.source_tasks[0]])} probes per task",
+            flush=True,
+        )
     return factors, descriptors
 
 
@@ -66,13 +76,29 @@ def score(zoo: Zoo, factors, descriptors, ridge: float) -> dict:
         view = zoo.view(target)
         for task in zoo.source_tasks:
             base = view.accuracy(task)
-            gain = lambda source: _points(view.accuracy(task, solve_operator(  # noqa: E731
-                factors(target, task), ALPHA * descriptors(source, task), ridge)), base)
+
+            def gain(source):
+                return _points(
+                    view.accuracy(
+                        task,
+                        solve_operator(  # noqa: E731
+                            factors(target, task), ALPHA * descriptors(source, task), ridge
+                        ),
+                    ),
+                    base,
+                )
+
             oracle.append(gain(target))
-            cells += [{"cross_model_gain": gain(source), "oracle_gain": oracle[-1]}
-                      for source in zoo.members if source != target]
-    return {"oracle_gain": _mean(oracle), "cross_model_gain": _mean(c["cross_model_gain"] for c in cells),
-            "retention": retention(cells)}
+            cells += [
+                {"cross_model_gain": gain(source), "oracle_gain": oracle[-1]}
+                for source in zoo.members
+                if source != target
+            ]
+    return {
+        "oracle_gain": _mean(oracle),
+        "cross_model_gain": _mean(c["cross_model_gain"] for c in cells),
+        "retention": retention(cells),
+    }
 
 
 def main() -> None:
@@ -84,13 +110,20 @@ def main() -> None:
     seed = zoo.seeds[0]
     with tempfile.TemporaryDirectory() as scratch:
         factors, descriptors = larger_grids(zoo, Path(scratch), args.extra, seed)
-    grids = {"world's probes": (lambda m, t: zoo.view(m).factors[t], lambda m, t: zoo.descriptor(t, m, seed)),
-             f"+{args.extra} probes": (lambda m, t: factors[m, t], lambda m, t: descriptors[m, t])}
+    grids = {
+        "world's probes": (
+            lambda m, t: zoo.view(m).factors[t],
+            lambda m, t: zoo.descriptor(t, m, seed),
+        ),
+        f"+{args.extra} probes": (lambda m, t: factors[m, t], lambda m, t: descriptors[m, t]),
+    }
     for name, (factors_of, descriptor_of) in grids.items():
         for ridge in RIDGES:
             row = score(zoo, factors_of, descriptor_of, ridge)
-            print(f"{name}, ridge {ridge:g}: Oracle {row['oracle_gain']:+.2f}, cross-model {row['cross_model_gain']:+.2f}, "
-                  f"retention {row['retention']:.3f} (train split, seed {seed})")
+            print(
+                f"{name}, ridge {ridge:g}: Oracle {row['oracle_gain']:+.2f}, cross-model {row['cross_model_gain']:+.2f}, "
+                f"retention {row['retention']:.3f} (train split, seed {seed})"
+            )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.embed import embed_probe_files
+from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.tasks.labelled import labelled_files
 from ptc.lab.zoo import headroom, world
 from ptc.lab.zoo.paper import Zoo
@@ -42,7 +42,10 @@ STYLES = {
     "shared shift, no wash": dataclasses.replace(SHIFTED, wash=0.0),
     "shared shift, plain-range background": dataclasses.replace(SHIFTED, grey=PLAIN.grey),
     "negative": dataclasses.replace(PLAIN, negative=True),
-    **{f"false colour {w:g}": dataclasses.replace(PLAIN, false_colour=w) for w in (0.25, 0.3, 0.32, 0.34, 0.4, 1.0)},
+    **{
+        f"false colour {w:g}": dataclasses.replace(PLAIN, false_colour=w)
+        for w in (0.25, 0.3, 0.32, 0.34, 0.4, 1.0)
+    },
 }
 
 
@@ -51,8 +54,15 @@ def draw(folder: Path, task: str, style: world.Style) -> None:
     (the same scenes in every style)."""
     images, targets = world._digit_images()
     fit_pool, _ = world.digit_pools(images)
-    world.draw_labelled(folder, task, style, random.Random(f"readable-shift/{task}"), fit_pool, PER_CLASS,
-                        (images, targets))
+    world.draw_labelled(
+        folder,
+        task,
+        style,
+        random.Random(f"readable-shift/{task}"),
+        fit_pool,
+        PER_CLASS,
+        (images, targets),
+    )
 
 
 def read(zoo: Zoo, member: str, task: str, folder: Path) -> tuple[float, float]:
@@ -73,14 +83,22 @@ def main() -> None:
     zoo = Zoo(args.zoo, split="train")
     with tempfile.TemporaryDirectory() as scratch:
         for task in args.tasks:
-            print(f"{task}: zero-shot / linear probe (%), mean over members, then per member", flush=True)
+            print(
+                f"{task}: zero-shot / linear probe (%), mean over members, then per member",
+                flush=True,
+            )
             for name, style in STYLES.items():
                 folder = Path(scratch) / task / name
                 draw(folder, task, style)
                 figures = {member: read(zoo, member, task, folder) for member in zoo.members}
                 zero_shot, probe = (100 * np.mean([f[i] for f in figures.values()]) for i in (0, 1))
-                print(f"  {name:<38} {zero_shot:5.1f} / {probe:5.1f}   " + "  ".join(
-                    f"{m} {100 * z:.0f}/{100 * p:.0f}" for m, (z, p) in figures.items()), flush=True)
+                print(
+                    f"  {name:<38} {zero_shot:5.1f} / {probe:5.1f}   "
+                    + "  ".join(
+                        f"{m} {100 * z:.0f}/{100 * p:.0f}" for m, (z, p) in figures.items()
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,13 @@ SIZES = {
     "vit-l14": ("vit-l14", "vit-b16", 256, 50),
 }
 TEMPLATES = ["a photo of a {}.", "an image of {}."]
-GOALS = {"cold_build_ratio": 1.25, "warm_rebuild_seconds": 15.0, "warm_rebuild_ratio": 2.0,
-         "peak_rss_over_model_bytes": 2.5, "export_max_abs_diff": 1e-6}
+GOALS = {
+    "cold_build_ratio": 1.25,
+    "warm_rebuild_seconds": 15.0,
+    "warm_rebuild_ratio": 2.0,
+    "peak_rss_over_model_bytes": 2.5,
+    "export_max_abs_diff": 1e-6,
+}
 
 
 def _write_task(folder: Path, probes: int, classes: int, image_size: int = 224) -> Path:
@@ -49,9 +54,14 @@ def _write_task(folder: Path, probes: int, classes: int, image_size: int = 224) 
     (folder / "probes").mkdir(parents=True, exist_ok=True)
     for i in range(probes):
         Image.fromarray(rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)).save(
-            folder / "probes" / f"{i:05d}.png")
-    spec = {"name": "bench", "probes": "probes", "classes": [f"object {c}" for c in range(classes)],
-            "templates": TEMPLATES}
+            folder / "probes" / f"{i:05d}.png"
+        )
+    spec = {
+        "name": "bench",
+        "probes": "probes",
+        "classes": [f"object {c}" for c in range(classes)],
+        "templates": TEMPLATES,
+    }
     (folder / "task.yaml").write_text(yaml.safe_dump(spec))
     return folder / "task.yaml"
 
@@ -62,7 +72,9 @@ def _run(args: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
     result = subprocess.run(args, capture_output=True, text=True)
     if result.returncode:
-        raise RuntimeError(f"{' '.join(args[2:])} failed ({result.returncode}): {result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(args[2:])} failed ({result.returncode}): {result.stderr[-2000:]}"
+        )
     return time.perf_counter() - start, result.stdout
 
 
@@ -72,9 +84,12 @@ def ptc(*args: str) -> dict:
 
 
 def _recipe(path: Path, target: Path, bank: Path, weight: float) -> Path:
-    spec = {"target": f"hf:{target}", "bank": str(bank), "terms": [{"task": "bench", "source": "source",
-                                                                     "weight": weight}],
-            "export": {"out": "out", "formats": ["onnx", "safetensors"]}}
+    spec = {
+        "target": f"hf:{target}",
+        "bank": str(bank),
+        "terms": [{"task": "bench", "source": "source", "weight": weight}],
+        "export": {"out": "out", "formats": ["onnx", "safetensors"]},
+    }
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
@@ -90,15 +105,17 @@ def _forward_floor(target_ref: str, task_file: Path, batch_size: int = 64) -> fl
     model = targets.load(target_ref)
     start = time.perf_counter()
     for i in range(0, len(paths), batch_size):
-        model.embed_inputs(model.load_inputs(paths[i:i + batch_size]))
+        model.embed_inputs(model.load_inputs(paths[i : i + batch_size]))
     model.embed_prompts(prompts)
     return time.perf_counter() - start
 
 
 LOAD_TARGET = "import sys; from ptc import targets; targets.load(sys.argv[1])"
-IMPORT_LIBRARIES = ("import ptc.compiler.build.pipeline, ptc.compiler.cli.main, onnx, onnxruntime, transformers; "
-                    "from transformers import CLIPModel, CLIPTokenizer, CLIPImageProcessor; "
-                    "from ptc.compiler.build.pipeline import _peak_rss_mb; print(_peak_rss_mb())")
+IMPORT_LIBRARIES = (
+    "import ptc.compiler.build.pipeline, ptc.compiler.cli.main, onnx, onnxruntime, transformers; "
+    "from transformers import CLIPModel, CLIPTokenizer, CLIPImageProcessor; "
+    "from ptc.compiler.build.pipeline import _peak_rss_mb; print(_peak_rss_mb())"
+)
 
 
 def _process(code: str, *args: str) -> tuple[float, str]:
@@ -154,9 +171,12 @@ def _export_check(out: Path, bank: Path, probes: list[Path]) -> dict:
         fresh, _ = run_onnx(Path(folder) / "fresh.onnx", batch)
     shipped, _ = run_onnx(out / "onnx" / "vision_model.onnx", batch)
     base = next(bank.glob("exports/*/vision_model.onnx"))
-    return {"max_abs_diff_vs_fresh_export": float(np.abs(shipped - fresh).max()),
-            "fresh_export_seconds": fresh_seconds,
-            "edited_over_base_latency": _latency(out / "onnx" / "vision_model.onnx", batch) / _latency(base, batch)}
+    return {
+        "max_abs_diff_vs_fresh_export": float(np.abs(shipped - fresh).max()),
+        "fresh_export_seconds": fresh_seconds,
+        "edited_over_base_latency": _latency(out / "onnx" / "vision_model.onnx", batch)
+        / _latency(base, batch),
+    }
 
 
 def _latency(path: Path, batch, repeats: int = 5) -> float:
@@ -188,73 +208,131 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
     probes = probes or default_probes
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as folder:
         root = Path(folder)
-        echo(f"building {target_arch} target and {source_arch} source (random weights, real configs)")
+        echo(
+            f"building {target_arch} target and {source_arch} source (random weights, real configs)"
+        )
         target = build_clip(root / "target", target_arch, seed=0)
         source = build_clip(root / "source", source_arch, seed=1)
         adapter = _adapter(source, root / "source-lora")
         task_file = _write_task(root / "task", probes, classes)
         bank = root / "bank"
         ptc("task", "add", str(task_file), "--bank", str(bank))
-        echo(f"descriptor: {probes} probes x {classes * len(TEMPLATES)} prompts through the source and its fine-tune")
-        descriptor = ptc("descriptor", "add", "--task", "bench", "--source", f"hf:{source}",
-                         "--finetuned", str(adapter), "--id", "source", "--bank", str(bank))
+        echo(
+            f"descriptor: {probes} probes x {classes * len(TEMPLATES)} prompts through the source and its fine-tune"
+        )
+        descriptor = ptc(
+            "descriptor",
+            "add",
+            "--task",
+            "bench",
+            "--source",
+            f"hf:{source}",
+            "--finetuned",
+            str(adapter),
+            "--id",
+            "source",
+            "--bank",
+            str(bank),
+        )
         echo("forward floor")
         floor = _forward_floor(f"hf:{target}", task_file)
         recipe = _recipe(root / "recipe.yaml", target, bank, 1.0)
         echo("cold build")
         cold = ptc("build", str(recipe))
         cold_record = json.loads((root / "out" / "run.json").read_text())
-        cold["peak_rss_bytes"] = int(cold_record["peak_rss_mb"] * 2**20)  # its own (VmHWM), not wait4's
+        # its own (VmHWM), not wait4's
+        cold["peak_rss_bytes"] = int(cold_record["peak_rss_mb"] * 2**20)
         _recipe(recipe, target, bank, 0.5)
         echo("warm rebuild")
         warm = ptc("build", str(recipe), "--force")
         run_record = json.loads((root / "out" / "run.json").read_text())
         warm["peak_rss_bytes"] = int(run_record["peak_rss_mb"] * 2**20)
         report = json.loads((root / "out" / "report.json").read_text())
-        own = _own_floor(f"hf:{target}", root / "out", report["verify"]["equivalence"]["check_inputs"])
+        own = _own_floor(
+            f"hf:{target}", root / "out", report["verify"]["equivalence"]["check_inputs"]
+        )
         echo("fresh export of the edited model")
         export = _export_check(root / "out", bank, sorted((root / "task" / "probes").glob("*.png")))
         model_bytes = (target / "model.safetensors").stat().st_size
         libraries_rss = int(float(_process(IMPORT_LIBRARIES)[1].split()[-1]) * 2**20)
     return {
-        "machine": machine(), "size": size_name, "target": target_arch, "source": source_arch,
-        "probes": probes, "prompts": classes * len(TEMPLATES), "model_bytes": model_bytes,
-        "forward_floor_seconds": floor, "descriptor_add_seconds": descriptor["seconds"],
-        "cold_build": {"seconds": cold["seconds"], "ratio_to_forward_floor": cold["seconds"] / floor,
-                       "peak_rss_bytes": cold["peak_rss_bytes"], "stages": cold_record["timings"],
-                       "cache": cold_record["cache"]},
-        "warm_rebuild": {"seconds": warm["seconds"], "own_floor_seconds": own["seconds"],
-                         "own_floor_parts": own["parts"], "ratio_to_own_floor": warm["seconds"] / own["seconds"],
-                         "output_bytes": own["output_bytes"], "peak_rss_bytes": warm["peak_rss_bytes"],
-                         "stages": run_record["timings"], "cache": run_record["cache"]},
+        "machine": machine(),
+        "size": size_name,
+        "target": target_arch,
+        "source": source_arch,
+        "probes": probes,
+        "prompts": classes * len(TEMPLATES),
+        "model_bytes": model_bytes,
+        "forward_floor_seconds": floor,
+        "descriptor_add_seconds": descriptor["seconds"],
+        "cold_build": {
+            "seconds": cold["seconds"],
+            "ratio_to_forward_floor": cold["seconds"] / floor,
+            "peak_rss_bytes": cold["peak_rss_bytes"],
+            "stages": cold_record["timings"],
+            "cache": cold_record["cache"],
+        },
+        "warm_rebuild": {
+            "seconds": warm["seconds"],
+            "own_floor_seconds": own["seconds"],
+            "own_floor_parts": own["parts"],
+            "ratio_to_own_floor": warm["seconds"] / own["seconds"],
+            "output_bytes": own["output_bytes"],
+            "peak_rss_bytes": warm["peak_rss_bytes"],
+            "stages": run_record["timings"],
+            "cache": run_record["cache"],
+        },
         # Peak RSS above what the libraries alone hold once imported (torch, transformers, onnx,
         # onnxruntime: ~0.85 GB here, a model's size), over the model's bytes; and the total.
         "libraries_rss_bytes": libraries_rss,
-        "peak_rss_over_model_bytes": (max(cold["peak_rss_bytes"], warm["peak_rss_bytes"]) - libraries_rss) / model_bytes,
-        "peak_rss_total_over_model_bytes": max(cold["peak_rss_bytes"], warm["peak_rss_bytes"]) / model_bytes,
-        "export": export, "goals": GOALS,
+        "peak_rss_over_model_bytes": (
+            max(cold["peak_rss_bytes"], warm["peak_rss_bytes"]) - libraries_rss
+        )
+        / model_bytes,
+        "peak_rss_total_over_model_bytes": max(cold["peak_rss_bytes"], warm["peak_rss_bytes"])
+        / model_bytes,
+        "export": export,
+        "goals": GOALS,
         "verification": report["verify"]["equivalence"],
     }
 
 
 def machine() -> dict:
-    return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
-            "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def summary_rows(results: dict) -> list[tuple[str, str, str]]:
     cold, warm, export = results["cold_build"], results["warm_rebuild"], results["export"]
     return [
-        ("cold build / forward floor", f"{cold['ratio_to_forward_floor']:.2f}x "
-         f"({cold['seconds']:.1f} s / {results['forward_floor_seconds']:.1f} s)", f"<= {GOALS['cold_build_ratio']}x"),
+        (
+            "cold build / forward floor",
+            f"{cold['ratio_to_forward_floor']:.2f}x "
+            f"({cold['seconds']:.1f} s / {results['forward_floor_seconds']:.1f} s)",
+            f"<= {GOALS['cold_build_ratio']}x",
+        ),
         ("warm rebuild", f"{warm['seconds']:.1f} s", f"<= {GOALS['warm_rebuild_seconds']:.0f} s"),
-        ("warm rebuild / own floor", f"{warm['ratio_to_own_floor']:.2f}x ({warm['own_floor_seconds']:.1f} s)",
-         f"<= {GOALS['warm_rebuild_ratio']}x"),
-        ("peak RSS above libraries / model bytes", f"{results['peak_rss_over_model_bytes']:.2f}x "
-         f"({results['model_bytes'] / 1e6:.0f} MB model; total {results['peak_rss_total_over_model_bytes']:.2f}x)",
-         f"<= {GOALS['peak_rss_over_model_bytes']}x"),
-        ("patched ONNX vs fresh export", f"{export['max_abs_diff_vs_fresh_export']:.1e} max abs",
-         f"<= {GOALS['export_max_abs_diff']:.0e}"),
+        (
+            "warm rebuild / own floor",
+            f"{warm['ratio_to_own_floor']:.2f}x ({warm['own_floor_seconds']:.1f} s)",
+            f"<= {GOALS['warm_rebuild_ratio']}x",
+        ),
+        (
+            "peak RSS above libraries / model bytes",
+            f"{results['peak_rss_over_model_bytes']:.2f}x "
+            f"({results['model_bytes'] / 1e6:.0f} MB model; total {results['peak_rss_total_over_model_bytes']:.2f}x)",
+            f"<= {GOALS['peak_rss_over_model_bytes']}x",
+        ),
+        (
+            "patched ONNX vs fresh export",
+            f"{export['max_abs_diff_vs_fresh_export']:.1e} max abs",
+            f"<= {GOALS['export_max_abs_diff']:.0e}",
+        ),
         ("edited / base ONNX latency", f"{export['edited_over_base_latency']:.2f}x", "~1.0x"),
     ]

@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
     args = parser.parse_args()
     zoo = Zoo(args.zoo, split="train")
-    plain_of = {shifted: plain for plain, shifted in IN_DISTRIBUTION.items() if plain in zoo.in_distribution}
+    plain_of = {
+        shifted: plain for plain, shifted in IN_DISTRIBUTION.items() if plain in zoo.in_distribution
+    }
     cosines = {"shifted": [], "plain": []}
     for member in zoo.members:
         encoder = zoo.view(member).encoder
@@ -38,10 +40,14 @@ def main() -> None:
                     continue
                 for kind, grid in (("shifted", shifted), ("plain", plain)):
                     crossed = descriptor_on_grid(zoo, member, tuned, grid)
-                    cosines[kind].append(float(cosine(centred(crossed), centred(zoo.descriptor(grid, member, 0)))))
+                    cosines[kind].append(
+                        float(cosine(centred(crossed), centred(zoo.descriptor(grid, member, 0))))
+                    )
     for kind, values in cosines.items():
-        print(f"fine-tune on another task, read on the {kind:7s} grid: row-centred cosine {_mean(values):+.3f} "
-              f"({len(values)} pairs)")
+        print(
+            f"fine-tune on another task, read on the {kind:7s} grid: row-centred cosine {_mean(values):+.3f} "
+            f"({len(values)} pairs)"
+        )
 
 
 if __name__ == "__main__":

@@ -29,11 +29,19 @@ import shutil
 from pathlib import Path
 
 from ptc import targets
+from ptc.compiler.edit.lora import check_lora_dropout
 from ptc.errors import InputError
 from ptc.files import write_json_atomic
-from ptc.compiler.edit.lora import check_lora_dropout
 from ptc.lab.zoo import build, paper, report
-from ptc.lab.zoo.build import INDEX, build_zoo, collapsed, profile_named, read_index, world_fields, write_world_once
+from ptc.lab.zoo.build import (
+    INDEX,
+    build_zoo,
+    collapsed,
+    profile_named,
+    read_index,
+    world_fields,
+    write_world_once,
+)
 from ptc.lab.zoo.world import check_size
 
 # Not copied, by folder: what the trial does not need (the audio zoo, the pretraining corpus)
@@ -44,6 +52,7 @@ LEFT_OUT = {".": ("audio",), "bank": ("operators",), "world": ("pretrain",)}
 def copy_without_sources(zoo: Path, work: Path, members: list[str]) -> None:
     """Copy the zoo, leaving out `members`' sources, their descriptors (`NAME-sSEED` in every
     task's folder) and their source records."""
+
     def ignored(folder: str, names: list[str]) -> list[str]:
         where = Path(folder).relative_to(zoo)
         skip = set(LEFT_OUT.get(where.as_posix(), ()))
@@ -65,30 +74,60 @@ def main() -> None:
     parser.add_argument("--zoo", type=Path, default=Path("zoo"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/source-trial"))
     parser.add_argument("--out", type=Path, default=Path("results/trials"))
-    parser.add_argument("--steps", type=int, help="fine-tuning steps per source (default: the profile's)")
-    parser.add_argument("--lora-dropout", type=float, help="peft's lora_dropout for the sources (default: the profile's)")
-    parser.add_argument("--train-extra", type=int, help="labelled images per class added to every train split")
-    parser.add_argument("--keep-sources", action="store_true",
-                        help="fine-tune nothing: the committed sources on the changed train split (--train-extra's control)")
-    parser.add_argument("--members", nargs="+", help="whose sources to rebuild (default: every member's)")
-    parser.add_argument("--name", help="the report's name (default: from the options, e.g. lora-dropout-0.1)")
+    parser.add_argument(
+        "--steps", type=int, help="fine-tuning steps per source (default: the profile's)"
+    )
+    parser.add_argument(
+        "--lora-dropout",
+        type=float,
+        help="peft's lora_dropout for the sources (default: the profile's)",
+    )
+    parser.add_argument(
+        "--train-extra", type=int, help="labelled images per class added to every train split"
+    )
+    parser.add_argument(
+        "--keep-sources",
+        action="store_true",
+        help="fine-tune nothing: the committed sources on the changed train split (--train-extra's control)",
+    )
+    parser.add_argument(
+        "--members", nargs="+", help="whose sources to rebuild (default: every member's)"
+    )
+    parser.add_argument(
+        "--name", help="the report's name (default: from the options, e.g. lora-dropout-0.1)"
+    )
     args = parser.parse_args()
     index = zoo_index(args.zoo)
     members = args.members or list(index["members"])
     unknown = sorted(set(members) - set(index["members"]))
     if unknown:
-        raise SystemExit(f"{args.zoo}: no member {', '.join(unknown)} (members: {', '.join(index['members'])})")
-    tried = [(field, label, value) for field, label, value in (("finetune_steps", "finetune-steps", args.steps),
-                                                                 ("finetune_dropout", "lora-dropout", args.lora_dropout))
-             if value is not None]
+        raise SystemExit(
+            f"{args.zoo}: no member {', '.join(unknown)} (members: {', '.join(index['members'])})"
+        )
+    tried = [
+        (field, label, value)
+        for field, label, value in (
+            ("finetune_steps", "finetune-steps", args.steps),
+            ("finetune_dropout", "lora-dropout", args.lora_dropout),
+        )
+        if value is not None
+    ]
     if not tried and args.train_extra is None:
-        raise SystemExit("nothing to try: name --steps, --lora-dropout, --train-extra or more than one")
+        raise SystemExit(
+            "nothing to try: name --steps, --lora-dropout, --train-extra or more than one"
+        )
     if args.keep_sources and (tried or args.members or args.train_extra is None):
-        raise SystemExit("--keep-sources is --train-extra's control: it takes --train-extra alone, "
-                         "without --steps, --lora-dropout or --members")
-    profile = dataclasses.replace(profile_named(index["profile"]), **{field: value for field, _, value in tried})
+        raise SystemExit(
+            "--keep-sources is --train-extra's control: it takes --train-extra alone, "
+            "without --steps, --lora-dropout or --members"
+        )
+    profile = dataclasses.replace(
+        profile_named(index["profile"]), **{field: value for field, _, value in tried}
+    )
     if args.train_extra is not None:
-        profile = dataclasses.replace(profile, world=dataclasses.replace(profile.world, train_extra=args.train_extra))
+        profile = dataclasses.replace(
+            profile, world=dataclasses.replace(profile.world, train_extra=args.train_extra)
+        )
         check_size(profile.world)
     if args.lora_dropout:  # known before any member's sources are fine-tuned, not at one of them
         refuse_dropout_where_unsupported(args.zoo, index, members, args.lora_dropout)
@@ -108,11 +147,14 @@ def rewrite_train_splits(zoo: Path, work: Path, profile) -> None:
     checked: every file of the committed zoo's splits comes out the same."""
     record_world(work, profile)
     for task in (*profile.tasks, *profile.in_distribution_tasks):
-        shutil.rmtree(work / "world" / "tasks" / task / "train", ignore_errors=True)  # ensure_task writes it all again
+        # ensure_task writes it all again
+        shutil.rmtree(work / "world" / "tasks" / task / "train", ignore_errors=True)
     write_world_once(work, profile)
     differ = different_split_files(zoo, work)
     if differ:
-        raise SystemExit(f"{work}: {len(differ)} task-split files differ from {zoo}'s (first: {differ[0]})")
+        raise SystemExit(
+            f"{work}: {len(differ)} task-split files differ from {zoo}'s (first: {differ[0]})"
+        )
 
 
 def record_world(work: Path, profile) -> None:
@@ -124,7 +166,9 @@ def record_world(work: Path, profile) -> None:
     write_json_atomic(work / INDEX, index)
 
 
-def refuse_dropout_where_unsupported(zoo: Path, index: dict, members: list[str], dropout: float) -> None:
+def refuse_dropout_where_unsupported(
+    zoo: Path, index: dict, members: list[str], dropout: float
+) -> None:
     """Exit naming every member whose LoRA cannot take dropout (it adapts parameters)."""
     refusals = []
     for name in members:
@@ -140,8 +184,11 @@ def different_split_files(committed: Path, trial: Path, tasks=None) -> list[str]
     """Files of the committed zoo's task splits (those it holds; of `tasks` only, if named) that
     the trial's world lacks or writes differently."""
     differ = []
-    folders = [committed / "world" / "tasks" / task for task in tasks] if tasks is not None else [
-        committed / "world" / "tasks"]
+    folders = (
+        [committed / "world" / "tasks" / task for task in tasks]
+        if tasks is not None
+        else [committed / "world" / "tasks"]
+    )
     for path in sorted(p for folder in folders for p in folder.rglob("*") if p.is_file()):
         twin = trial / "world" / "tasks" / path.relative_to(committed / "world" / "tasks")
         if not twin.is_file() or not filecmp.cmp(path, twin, shallow=False):
@@ -163,9 +210,11 @@ def build_and_report(work: Path, profile, out: Path, name: str) -> None:
     for member in profile.members:
         lost = collapsed(build_zoo(work, profile, echo=print, members=(member.name,)))
         if lost:
-            raise SystemExit(f"{work}: class prompts collapsed (mean cosine over {build.MAX_PROMPT_COSINE}) on "
-                             f"{', '.join(lost)}: the trial fails its criterion whatever the other members do; "
-                             "stopped before building them, no report written")
+            raise SystemExit(
+                f"{work}: class prompts collapsed (mean cosine over {build.MAX_PROMPT_COSINE}) on "
+                f"{', '.join(lost)}: the trial fails its criterion whatever the other members do; "
+                "stopped before building them, no report written"
+            )
     results = paper.run(work, echo=print, split="train")
     for path in report.write(results, out, f"{name}-train"):
         print(f"written: {path}")

@@ -30,8 +30,8 @@ import torch
 
 from ptc import targets
 from ptc.compiler.embed import embed_probe_files
-from ptc.compiler.verify.evaluate import zero_shot_accuracy
 from ptc.compiler.tasks.labelled import labelled_files
+from ptc.compiler.verify.evaluate import zero_shot_accuracy
 from ptc.lab.zoo import world
 from ptc.lab.zoo.build import _pretrain_member, profile_named
 from ptc.lab.zoo.headroom import linear_probe
@@ -58,7 +58,9 @@ def write_corpus(folder: Path, style: str, images: int, seed: int = 0) -> None:
     (folder / "captions.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def pretrain(style: str, member_name: str, steps: int, images: int | None, seed: int, scratch: Path):
+def pretrain(
+    style: str, member_name: str, steps: int, images: int | None, seed: int, scratch: Path
+):
     profile = profile_named("full")
     member = next(m for m in profile.members if m.name == member_name)
     member = dataclasses.replace(member, pretrain={**member.pretrain, "steps": steps})
@@ -71,11 +73,18 @@ def pretrain(style: str, member_name: str, steps: int, images: int | None, seed:
 def scores(encoder, zoo: Zoo) -> dict:
     rows = {}
     for task in TASKS:
-        record, folder = zoo.bank.task(task), zoo.test_dir(task)  # the train split: zoo opened on "train"
+        # the train split: zoo opened on "train"
+        record, folder = (
+            zoo.bank.task(task),
+            zoo.test_dir(task),
+        )
         pairs = labelled_files(folder, record.classes)
         inputs = embed_probe_files(encoder, [p for p, _ in pairs], 64, task, False)
-        rows[task] = {"zero_shot": 100 * zero_shot_accuracy(encoder, record, folder, progress=False)["accuracy"],
-                      "linear_probe": 100 * linear_probe(inputs, torch.tensor([label for _, label in pairs]))}
+        rows[task] = {
+            "zero_shot": 100
+            * zero_shot_accuracy(encoder, record, folder, progress=False)["accuracy"],
+            "linear_probe": 100 * linear_probe(inputs, torch.tensor([label for _, label in pairs])),
+        }
     return rows
 
 
@@ -85,16 +94,30 @@ def main() -> None:
     parser.add_argument("--member", default="clip")
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--style", choices=("plain", "spread", "both"), default="both")
-    parser.add_argument("--images", type=int, default=None, help="pretraining images (default: the full zoo's)")
-    parser.add_argument("--seed", type=int, default=0, help="which scenes the corpus draws (to see how noisy one run is)")
+    parser.add_argument(
+        "--images", type=int, default=None, help="pretraining images (default: the full zoo's)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="which scenes the corpus draws (to see how noisy one run is)",
+    )
     args = parser.parse_args()
     zoo = Zoo(args.zoo, split="train")
     for style in ("plain", "spread") if args.style == "both" else (args.style,):
         with tempfile.TemporaryDirectory() as scratch:
-            encoder = pretrain(style, args.member, args.steps, args.images, args.seed, Path(scratch))
+            encoder = pretrain(
+                style, args.member, args.steps, args.images, args.seed, Path(scratch)
+            )
             rows = scores(encoder, zoo)
-        print(f"{args.member} pretrained {args.steps} steps in the {style} style, scene seed {args.seed} (train split, zero-shot / linear probe %): "
-              + "; ".join(f"{task} {r['zero_shot']:.1f} / {r['linear_probe']:.1f}" for task, r in rows.items()), flush=True)
+        print(
+            f"{args.member} pretrained {args.steps} steps in the {style} style, scene seed {args.seed} (train split, zero-shot / linear probe %): "
+            + "; ".join(
+                f"{task} {r['zero_shot']:.1f} / {r['linear_probe']:.1f}" for task, r in rows.items()
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,9 +22,36 @@ import torch
 import yaml
 
 SIZES = {  # model and grid sizes; probes per task, classes per task
-    "tiny": dict(width=48, layers=2, heads=2, image_size=32, patch_size=8, embed_dim=32, probes=64, classes=10),
-    "small": dict(width=192, layers=4, heads=4, image_size=64, patch_size=8, embed_dim=128, probes=256, classes=20),
-    "vit-b": dict(width=768, layers=12, heads=12, image_size=224, patch_size=16, embed_dim=512, probes=128, classes=50),
+    "tiny": dict(
+        width=48,
+        layers=2,
+        heads=2,
+        image_size=32,
+        patch_size=8,
+        embed_dim=32,
+        probes=64,
+        classes=10,
+    ),
+    "small": dict(
+        width=192,
+        layers=4,
+        heads=4,
+        image_size=64,
+        patch_size=8,
+        embed_dim=128,
+        probes=256,
+        classes=20,
+    ),
+    "vit-b": dict(
+        width=768,
+        layers=12,
+        heads=12,
+        image_size=224,
+        patch_size=16,
+        embed_dim=512,
+        probes=128,
+        classes=50,
+    ),
 }
 
 
@@ -38,10 +65,16 @@ def _write_tasks(root: Path, size: dict, count: int, seed: int = 0) -> list[Path
         folder = root / f"task{k}"
         (folder / "probes").mkdir(parents=True, exist_ok=True)
         for i in range(size["probes"]):
-            pixels = rng.integers(0, 256, (size["image_size"], size["image_size"], 3), dtype=np.uint8)
+            pixels = rng.integers(
+                0, 256, (size["image_size"], size["image_size"], 3), dtype=np.uint8
+            )
             Image.fromarray(pixels).save(folder / "probes" / f"{i:05d}.png")
-        spec = {"name": f"task{k}", "probes": "probes", "classes": [f"class {k} {c}" for c in range(size["classes"])],
-                "templates": ["a photo of a {}.", "an image of {}."]}
+        spec = {
+            "name": f"task{k}",
+            "probes": "probes",
+            "classes": [f"class {k} {c}" for c in range(size["classes"])],
+            "templates": ["a photo of a {}.", "an image of {}."],
+        }
         (folder / "task.yaml").write_text(yaml.safe_dump(spec))
         files.append(folder / "task.yaml")
     return files
@@ -51,8 +84,16 @@ def _model(folder: Path, size: dict, seed: int, width_scale: float = 1.0) -> str
     from ptc.lab.tiny.hf_clip import build_tiny
 
     width = int(size["width"] * width_scale) // size["heads"] * size["heads"]
-    build_tiny(folder, width=width, embed_dim=int(size["embed_dim"] * width_scale), layers=size["layers"],
-               heads=size["heads"], image_size=size["image_size"], patch_size=size["patch_size"], seed=seed)
+    build_tiny(
+        folder,
+        width=width,
+        embed_dim=int(size["embed_dim"] * width_scale),
+        layers=size["layers"],
+        heads=size["heads"],
+        image_size=size["image_size"],
+        patch_size=size["patch_size"],
+        seed=seed,
+    )
     return f"hf:{folder}"
 
 
@@ -92,12 +133,20 @@ def _bank_world(root: Path, size: dict, n_targets: int, n_sources: int, n_tasks:
     task_files = _write_tasks(root / "tasks", size, n_tasks)
     sources = []
     for s in range(n_sources):
-        ref = _model(root / "models" / f"source{s}", size, seed=10 + s, width_scale=0.75 if s % 2 else 1.0)
+        ref = _model(
+            root / "models" / f"source{s}", size, seed=10 + s, width_scale=0.75 if s % 2 else 1.0
+        )
         encoder = targets.load(ref)
-        adapters = {f"task{k}": str(_random_adapter(encoder, root / "adapters" / f"s{s}-t{k}", seed=100 * s + k))
-                    for k in range(n_tasks)}
+        adapters = {
+            f"task{k}": str(
+                _random_adapter(encoder, root / "adapters" / f"s{s}-t{k}", seed=100 * s + k)
+            )
+            for k in range(n_tasks)
+        }
         sources.append(SourceSpec(f"source{s}", ref, adapters))
-    target_refs = [_model(root / "models" / f"target{t}", size, seed=50 + t) for t in range(n_targets)]
+    target_refs = [
+        _model(root / "models" / f"target{t}", size, seed=50 + t) for t in range(n_targets)
+    ]
     return task_files, sources, target_refs
 
 
@@ -125,8 +174,9 @@ def _forward_floor(sources, target_refs, bank) -> dict:
     return {"seconds": total, "model_grid_pairs": len(pairs)}
 
 
-def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_tasks: int,
-                     repeats: int = 1) -> dict:
+def bench_bank_build(
+    root: Path, size: dict, n_targets: int, n_sources: int, n_tasks: int, repeats: int = 1
+) -> dict:
     """Fill `repeats` fresh banks, timing the bare forward floor before, between and after
     them: the machine's drift and torch's first-call warm-up then hit both sides alike, and
     the ratio is of the medians."""
@@ -150,12 +200,21 @@ def bench_bank_build(root: Path, size: dict, n_targets: int, n_sources: int, n_t
         breakdown = timers.snapshot_and_reset()
     floors.append(_forward_floor(sources, target_refs, bank))
     wall, floor = statistics.median(walls), statistics.median(f["seconds"] for f in floors)
-    return {"targets": n_targets, "sources": n_sources, "tasks": n_tasks, "probes": size["probes"],
-            "wall_seconds": wall, "floor_seconds": floor, "ratio_to_floor": wall / floor,
-            "wall_seconds_each": walls, "floor_seconds_each": [f["seconds"] for f in floors],
-            "model_grid_pairs": floors[0]["model_grid_pairs"], "counts": dict(counts),
-            "breakdown_seconds": {k: v["seconds"] for k, v in breakdown.items()},
-            "_state": (bank, sources, target_refs)}
+    return {
+        "targets": n_targets,
+        "sources": n_sources,
+        "tasks": n_tasks,
+        "probes": size["probes"],
+        "wall_seconds": wall,
+        "floor_seconds": floor,
+        "ratio_to_floor": wall / floor,
+        "wall_seconds_each": walls,
+        "floor_seconds_each": [f["seconds"] for f in floors],
+        "model_grid_pairs": floors[0]["model_grid_pairs"],
+        "counts": dict(counts),
+        "breakdown_seconds": {k: v["seconds"] for k, v in breakdown.items()},
+        "_state": (bank, sources, target_refs),
+    }
 
 
 # -- 2. solve: cached factors vs recomputed ----------------------------------------------------------
@@ -167,23 +226,46 @@ def bench_solve(n: int, m: int, d: int, repeats: int = 5) -> dict:
     descriptor = torch.randn(n, m, generator=g, dtype=torch.float64) * 0.01
     factors = factorize(inputs, rows)
     cached = _median_seconds(lambda: solve_operator(factors, descriptor, 1.0), repeats * 4)
-    recomputed = _median_seconds(lambda: solve_operator(factorize(inputs, rows), descriptor, 1.0), repeats)
+    recomputed = _median_seconds(
+        lambda: solve_operator(factorize(inputs, rows), descriptor, 1.0), repeats
+    )
     dense = _median_seconds(lambda: solve_dense(inputs, rows, descriptor, 1.0), repeats)
-    return {"N": n, "M": m, "d": d, "cached_seconds": cached, "svd_per_operator_seconds": recomputed,
-            "dense_inverse_seconds": dense, "speedup_vs_svd_per_operator": recomputed / cached,
-            "speedup_vs_dense_inverse": dense / cached}
+    return {
+        "N": n,
+        "M": m,
+        "d": d,
+        "cached_seconds": cached,
+        "svd_per_operator_seconds": recomputed,
+        "dense_inverse_seconds": dense,
+        "speedup_vs_svd_per_operator": recomputed / cached,
+        "speedup_vs_dense_inverse": dense / cached,
+    }
 
 
 # -- 3 and 5. compile on a warm bank, and the warm rebuild -------------------------------------------
-def _recipe(folder: Path, bank, target_ref: str, n_terms: int, route: str = "closed_form", out: str = "out") -> Path:
-    terms = [{"task": name, "source": sid, "weight": 0.5 / n_terms}
-             for name in bank.task_names() for sid in bank.descriptor_ids(name)][:n_terms]
+def _recipe(
+    folder: Path, bank, target_ref: str, n_terms: int, route: str = "closed_form", out: str = "out"
+) -> Path:
+    terms = [
+        {"task": name, "source": sid, "weight": 0.5 / n_terms}
+        for name in bank.task_names()
+        for sid in bank.descriptor_ids(name)
+    ][:n_terms]
     if len(terms) < n_terms:
         raise RuntimeError(f"the bench bank holds {len(terms)} descriptors, {n_terms} needed")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"recipe-{route}-{n_terms}.yaml"
-    path.write_text(yaml.safe_dump({"target": target_ref, "terms": terms, "route": route,
-                                    "bank": str(bank.root), "export": {"out": str(folder / out)}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "target": target_ref,
+                "terms": terms,
+                "route": route,
+                "bank": str(bank.root),
+                "export": {"out": str(folder / out)},
+            }
+        )
+    )
     return path
 
 
@@ -197,7 +279,11 @@ def _timed_build(recipe: Path, export: bool) -> tuple[float, dict]:
     timers.snapshot_and_reset()
     start = time.perf_counter()
     report = execute(plan(recipe, options), options)
-    return time.perf_counter() - start, {**report.run, **report.route_report, "_calls": timers.snapshot_and_reset()}
+    return time.perf_counter() - start, {
+        **report.run,
+        **report.route_report,
+        "_calls": timers.snapshot_and_reset(),
+    }
 
 
 def bench_compile(root: Path, bank, target_ref: str, n_terms: int) -> dict:
@@ -205,16 +291,23 @@ def bench_compile(root: Path, bank, target_ref: str, n_terms: int) -> dict:
     _timed_build(recipe, export=False)  # make sure the bank is warm for this recipe
     warm, report = _timed_build(recipe, export=False)
     exported, export_report = _timed_build(recipe, export=True)
-    return {"terms": n_terms, "warm_no_export_seconds": warm, "warm_no_export_stages": report["timings"],
-            "with_export_seconds": exported, "with_export_stages": export_report["timings"],
-            "peak_rss_mb": export_report["peak_rss_mb"],
-            "warm_rebuild": {"grid_embeddings_computed": report["cache"]["embeddings_computed"],
-                             "factors_computed": report["cache"]["factors_computed"],
-                             "operators_solved": report["cache"]["operators_solved"],
-                             # forward calls left are the torch verification's: base and edited on the check batch
-                             "forward_calls": report["_calls"].get("forward", {}).get("calls", 0),
-                             "probe_decode_calls": report["_calls"].get("decode_inputs", {}).get("calls", 0)},
-            "_out": root / "out"}
+    return {
+        "terms": n_terms,
+        "warm_no_export_seconds": warm,
+        "warm_no_export_stages": report["timings"],
+        "with_export_seconds": exported,
+        "with_export_stages": export_report["timings"],
+        "peak_rss_mb": export_report["peak_rss_mb"],
+        "warm_rebuild": {
+            "grid_embeddings_computed": report["cache"]["embeddings_computed"],
+            "factors_computed": report["cache"]["factors_computed"],
+            "operators_solved": report["cache"]["operators_solved"],
+            # forward calls left are the torch verification's: base and edited on the check batch
+            "forward_calls": report["_calls"].get("forward", {}).get("calls", 0),
+            "probe_decode_calls": report["_calls"].get("decode_inputs", {}).get("calls", 0),
+        },
+        "_out": root / "out",
+    }
 
 
 # -- 4. zero-cost edit: ONNX latency -----------------------------------------------------------------
@@ -222,8 +315,8 @@ def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: i
     import onnxruntime as ort
 
     from ptc import targets
-    from ptc.compiler.export.onnx_graph import export_onnx
     from ptc.compiler.edit.lora import attach_lora
+    from ptc.compiler.export.onnx_graph import export_onnx
     from ptc.targets.base import OnnxTower
 
     base = targets.load(target_ref)
@@ -240,44 +333,72 @@ def bench_latency(root: Path, target_ref: str, out: Path, batch: int, repeats: i
         def forward(self, pixel_values):
             return base.embed_with(self.inner, {"pixel_values": pixel_values})
 
-    export_onnx(OnnxTower("lora", Unmerged().eval(), tower.example_inputs, tower.output_name, tower.dynamic_axes),
-                root / "lora.onnx")
+    export_onnx(
+        OnnxTower(
+            "lora", Unmerged().eval(), tower.example_inputs, tower.output_name, tower.dynamic_axes
+        ),
+        root / "lora.onnx",
+    )
     size = next(iter(tower.example_inputs.values())).shape[1:]
-    feed = {next(iter(tower.example_inputs)): np.random.default_rng(0).standard_normal((batch, *size)).astype(np.float32)}
+    feed = {
+        next(iter(tower.example_inputs)): np.random.default_rng(0)
+        .standard_normal((batch, *size))
+        .astype(np.float32)
+    }
     options = ort.SessionOptions()
     # One thread each: on a 2-core machine, two-thread sessions fight over the cores and the
     # noise swamps a 3% question.
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    sessions = {name: ort.InferenceSession(str(path), options, providers=ort.get_available_providers())
-                for name, path in (("base", root / "base.onnx"), ("edited", out / "onnx" / "vision_model.onnx"),
-                                   ("unmerged_lora", root / "lora.onnx"))}
+    sessions = {
+        name: ort.InferenceSession(str(path), options, providers=ort.get_available_providers())
+        for name, path in (
+            ("base", root / "base.onnx"),
+            ("edited", out / "onnx" / "vision_model.onnx"),
+            ("unmerged_lora", root / "lora.onnx"),
+        )
+    }
     for _ in range(20):  # warm-up: allocator arenas and caches settle
         for session in sessions.values():
             session.run(None, feed)
     times = {name: [] for name in sessions}
     names = list(sessions)
     for round_ in range(repeats):  # interleaved, rotating who goes first: drifts hit all alike
-        for name in names[round_ % 3:] + names[:round_ % 3]:
+        for name in names[round_ % 3 :] + names[: round_ % 3]:
             start = time.perf_counter()
             sessions[name].run(None, feed)
             times[name].append(time.perf_counter() - start)
     medians = {name: statistics.median(values) for name, values in times.items()}
     # Per-round ratios, then their median: a slow moment of the machine hits all three runs of
     # a round alike and cancels out of the ratio.
-    ratio = {name: statistics.median(t / b for t, b in zip(times[name], times["base"])) for name in sessions}
-    return {"batch": batch, "repeats": repeats, "median_seconds": medians,
-            "edited_over_base": ratio["edited"], "unmerged_lora_over_base": ratio["unmerged_lora"],
-            "provider": sessions["edited"].get_providers()[0]}
+    ratio = {
+        name: statistics.median(t / b for t, b in zip(times[name], times["base"]))
+        for name in sessions
+    }
+    return {
+        "batch": batch,
+        "repeats": repeats,
+        "median_seconds": medians,
+        "edited_over_base": ratio["edited"],
+        "unmerged_lora_over_base": ratio["unmerged_lora"],
+        "provider": sessions["edited"].get_providers()[0],
+    }
 
 
 # -- adapter route vs closed form ----------------------------------------------------------------------
 def bench_routes(root: Path, bank, target_ref: str) -> dict:
     closed, _ = _timed_build(_recipe(root, bank, target_ref, 2, out="route-closed"), export=False)
-    adapter, report = _timed_build(_recipe(root, bank, target_ref, 2, "adapter", out="route-adapter"), export=False)
-    return {"terms": 2, "closed_form_build_seconds": closed, "adapter_build_seconds": adapter,
-            "adapter_train_seconds": report["timings"].get("adapter_train"),
-            "adapter_steps": report["adapter"]["steps"], "adapter_over_closed_form": adapter / closed}
+    adapter, report = _timed_build(
+        _recipe(root, bank, target_ref, 2, "adapter", out="route-adapter"), export=False
+    )
+    return {
+        "terms": 2,
+        "closed_form_build_seconds": closed,
+        "adapter_build_seconds": adapter,
+        "adapter_train_seconds": report["timings"].get("adapter_train"),
+        "adapter_steps": report["adapter"]["steps"],
+        "adapter_over_closed_form": adapter / closed,
+    }
 
 
 # -- 6. scaling -------------------------------------------------------------------------------------
@@ -287,12 +408,17 @@ def bench_scaling(root: Path, quick: bool) -> dict:
     base = {"n": 2000, "m": 200, "d": 256}
     for axis, values in grids.items():
         rows = [bench_solve(**{**base, axis.lower(): value}, repeats=3) for value in values]
-        solve[axis] = {"values": values, "cached_seconds": [r["cached_seconds"] for r in rows],
-                       "exponent": _exponent(values, [r["cached_seconds"] for r in rows])}
+        solve[axis] = {
+            "values": values,
+            "cached_seconds": [r["cached_seconds"] for r in rows],
+            "exponent": _exponent(values, [r["cached_seconds"] for r in rows]),
+        }
     build = {"N": [128, 512, 2048] if quick else [128, 512, 2048, 4096]}
     seconds = []
     for n in build["N"]:
-        figures = bench_bank_build(Path(tempfile.mkdtemp(dir=root)), {**SIZES["tiny"], "probes": n}, 1, 1, 1)
+        figures = bench_bank_build(
+            Path(tempfile.mkdtemp(dir=root)), {**SIZES["tiny"], "probes": n}, 1, 1, 1
+        )
         seconds.append(figures["wall_seconds"])
     build.update({"wall_seconds": seconds, "exponent": _exponent(build["N"], seconds)})
     return {"solve": solve, "bank_build_vs_probes": build}
@@ -300,9 +426,14 @@ def bench_scaling(root: Path, quick: bool) -> dict:
 
 # -- the whole run -----------------------------------------------------------------------------------
 def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def run(quick: bool, size_name: str, echo=print) -> dict:
@@ -311,13 +442,17 @@ def run(quick: bool, size_name: str, echo=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as tmp:
         root = Path(tmp)
         shape = (1, 2, 4) if quick else (2, 2, 4)
-        echo(f"bank build: {shape[0]} targets x {shape[1]} sources x {shape[2]} tasks, size {size_name}")
+        echo(
+            f"bank build: {shape[0]} targets x {shape[1]} sources x {shape[2]} tasks, size {size_name}"
+        )
         bank_build = bench_bank_build(root / "bank-build", size, *shape, repeats=3 if quick else 1)
         bank, sources, target_refs = bank_build.pop("_state")
         results["bank_build"] = bank_build
         echo("solve at N=2000, M=200, d=768 and at the bench grid")
-        results["solve"] = {"paper_size": bench_solve(2000, 200, 768),
-                            "bench_grid": bench_solve(size["probes"], size["classes"], size["embed_dim"])}
+        results["solve"] = {
+            "paper_size": bench_solve(2000, 200, 768),
+            "bench_grid": bench_solve(size["probes"], size["classes"], size["embed_dim"]),
+        }
         echo("compile: 8 terms on the warm bank")
         compile_ = bench_compile(root / "compile", bank, target_refs[0], 8)
         out = compile_.pop("_out")
@@ -333,22 +468,47 @@ def run(quick: bool, size_name: str, echo=print) -> dict:
 
 def summary_rows(results: dict) -> list[tuple[str, str, str]]:
     """(figure, measured, target) rows for the printed table."""
-    bank, solve, comp, lat = results["bank_build"], results["solve"]["paper_size"], results["compile"], results["latency"]
+    bank, solve, comp, lat = (
+        results["bank_build"],
+        results["solve"]["paper_size"],
+        results["compile"],
+        results["latency"],
+    )
     scaling = results["scaling"]
     return [
-        ("bank build / forward floor", f"{bank['ratio_to_floor']:.3f}x ({bank['wall_seconds']:.2f}s / {bank['floor_seconds']:.2f}s)", "<= 1.10x"),
-        ("cached solve speed-up (N=2000,M=200,d=768)", f"{solve['speedup_vs_svd_per_operator']:.0f}x vs SVD per op, "
-                                                        f"{solve['speedup_vs_dense_inverse']:.0f}x vs dense", ">= 20x"),
+        (
+            "bank build / forward floor",
+            f"{bank['ratio_to_floor']:.3f}x ({bank['wall_seconds']:.2f}s / {bank['floor_seconds']:.2f}s)",
+            "<= 1.10x",
+        ),
+        (
+            "cached solve speed-up (N=2000,M=200,d=768)",
+            f"{solve['speedup_vs_svd_per_operator']:.0f}x vs SVD per op, "
+            f"{solve['speedup_vs_dense_inverse']:.0f}x vs dense",
+            ">= 20x",
+        ),
         ("cached solve time", f"{solve['cached_seconds'] * 1e3:.2f} ms", "< 1 s"),
         ("warm compile, 8 terms, no export", f"{comp['warm_no_export_seconds']:.3f}s", "< 1 s"),
         ("compile with export", f"{comp['with_export_seconds']:.2f}s", ""),
         ("ONNX latency edited / base", f"{lat['edited_over_base']:.3f}", "1.00 +- 0.03"),
         ("ONNX latency unmerged LoRA / base", f"{lat['unmerged_lora_over_base']:.3f}", "> 1"),
-        ("warm rebuild grid forward passes", str(comp["warm_rebuild"]["grid_embeddings_computed"]), "0"),
-        ("adapter / closed-form build", f"{results['routes']['adapter_over_closed_form']:.0f}x "
-                                        f"({results['routes']['adapter_build_seconds']:.1f}s / "
-                                        f"{results['routes']['closed_form_build_seconds']:.2f}s)", ""),
-        ("solve exponent in N, M, d", ", ".join(f"{scaling['solve'][a]['exponent']:.2f}" for a in "NMd"), ""),
+        (
+            "warm rebuild grid forward passes",
+            str(comp["warm_rebuild"]["grid_embeddings_computed"]),
+            "0",
+        ),
+        (
+            "adapter / closed-form build",
+            f"{results['routes']['adapter_over_closed_form']:.0f}x "
+            f"({results['routes']['adapter_build_seconds']:.1f}s / "
+            f"{results['routes']['closed_form_build_seconds']:.2f}s)",
+            "",
+        ),
+        (
+            "solve exponent in N, M, d",
+            ", ".join(f"{scaling['solve'][a]['exponent']:.2f}" for a in "NMd"),
+            "",
+        ),
         ("bank build exponent in N", f"{scaling['bank_build_vs_probes']['exponent']:.2f}", "~1"),
     ]
 

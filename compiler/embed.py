@@ -10,22 +10,22 @@ from dataclasses import dataclass
 import torch
 
 from ptc.compiler.bank.store import Bank, TaskRecord
-from ptc.devices import CPU, autocast, device_label, precision_of
 from ptc.compiler.method.descriptor import class_embeddings
+from ptc.compiler.tasks.grid import grid_hash
+from ptc.devices import CPU, autocast, device_label, precision_of
 from ptc.errors import BankError
 from ptc.finite import require_finite
-from ptc.compiler.tasks.grid import grid_hash
 from ptc.progress import track
 from ptc.timers import timed
 
 
 @dataclass(frozen=True)
 class GridEmbeddings:
-    inputs: torch.Tensor      # N x d, unnormalised probe embeddings
+    inputs: torch.Tensor  # N x d, unnormalised probe embeddings
     class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
-    computed: bool            # False when it came from the bank's cache
+    computed: bool  # False when it came from the bank's cache
     regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
-    made_by: dict | None = None             # the device and precision of the passes that made it
+    made_by: dict | None = None  # the device and precision of the passes that made it
 
 
 @dataclass(frozen=True)
@@ -42,18 +42,28 @@ class ModelInfo:
     @property
     def weights_key(self) -> str:
         """Its input and text fingerprints together: what the model computes."""
-        return hashlib.sha256(f"{self.input_fingerprint}|{self.text_fingerprint}".encode()).hexdigest()[:32]
+        return hashlib.sha256(
+            f"{self.input_fingerprint}|{self.text_fingerprint}".encode()
+        ).hexdigest()[:32]
 
     @property
     def key(self) -> str:
         """Bank key of its embeddings and what derives from them: the weights key, and the
         precision of its embedding passes where that is not fp32 (kept apart from fp32)."""
-        return self.weights_key if self.precision == "fp32" else f"{self.weights_key}-{self.precision}"
+        return (
+            self.weights_key if self.precision == "fp32" else f"{self.weights_key}-{self.precision}"
+        )
 
 
 def model_info(model) -> ModelInfo:
-    return ModelInfo(model.ref, model.input_fingerprint(), model.text_fingerprint(), model.embed_dim,
-                     model.edit_width, precision_of(model))
+    return ModelInfo(
+        model.ref,
+        model.input_fingerprint(),
+        model.text_fingerprint(),
+        model.embed_dim,
+        model.edit_width,
+        precision_of(model),
+    )
 
 
 def model_key(model) -> str:
@@ -74,9 +84,11 @@ def check_grid_unchanged(task: TaskRecord) -> None:
     with timed("hash_probes"):
         current = grid_hash(task.probes, task.prompts)
     if current != task.grid_hash:
-        raise BankError(f"task {task.name!r}: its probe files changed since it was registered "
-                        f"(grid {current[:12]} != registered {task.grid_hash[:12]})",
-                        "re-register with `ptc task add --replace` and recompute its descriptors")
+        raise BankError(
+            f"task {task.name!r}: its probe files changed since it was registered "
+            f"(grid {current[:12]} != registered {task.grid_hash[:12]})",
+            "re-register with `ptc task add --replace` and recompute its descriptors",
+        )
     _VERIFIED.add(stamp)
 
 
@@ -89,7 +101,7 @@ def _stat(path) -> tuple[int, int]:
 
 
 def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forward):
-    chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
+    chunks = [paths[i : i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
     batches = _decoded(model, chunks)
     for batch in track(batches, len(chunks), desc, "batches", progress):
@@ -122,7 +134,9 @@ def _decode(model, chunk):
         return model.load_inputs(list(chunk))
 
 
-def embed_probe_files(model, paths, batch_size: int, desc: str, progress: bool = True) -> torch.Tensor:
+def embed_probe_files(
+    model, paths, batch_size: int, desc: str, progress: bool = True
+) -> torch.Tensor:
     return torch.cat(_embed_files(model, paths, batch_size, desc, progress, model.embed_inputs))
 
 
@@ -137,44 +151,80 @@ def grid_forward(model, task: TaskRecord, batch_size: int = 64, progress: bool =
     """The forward passes of one (model, grid) pair: raw input and prompt embeddings and,
     where the family's edit acts through other rows than z, those regressor rows."""
     check_grid_unchanged(task)
-    inputs, regressors = embed_probe_files_for_edit(model, list(task.probes), batch_size, f"embed {task.name}",
-                                                    progress)
+    inputs, regressors = embed_probe_files_for_edit(
+        model, list(task.probes), batch_size, f"embed {task.name}", progress
+    )
     with timed("forward"), autocast(model):
         prompts = model.embed_prompts(task.prompts)
     return inputs, prompts, regressors
 
 
-def embedding_record(info: ModelInfo, task: TaskRecord, inputs: torch.Tensor, prompts: torch.Tensor,
-                     regressors: torch.Tensor | None = None, device: torch.device = CPU):
+def embedding_record(
+    info: ModelInfo,
+    task: TaskRecord,
+    inputs: torch.Tensor,
+    prompts: torch.Tensor,
+    regressors: torch.Tensor | None = None,
+    device: torch.device = CPU,
+):
     """(tensors, meta) of a bank embeddings entry; one definition for every executor."""
     tensors = {"inputs": inputs, "prompts": prompts}
     if regressors is not None:
         tensors["regressors"] = regressors
-    require_finite(tensors, f"embeddings of {info.ref} on task {task.name!r} ({info.precision})",
-                   "nothing was stored; its weights are finite, so the forward pass overflows "
-                   + ("its precision: try --precision fp32" if info.precision != "fp32" else
-                      "float32 on these probes: the weights hold extreme values"))
-    return (tensors,
-            {"kind": "embeddings", "model_ref": info.ref, "task": task.name, "grid_hash": task.grid_hash,
-             "input_fingerprint": info.input_fingerprint, "text_fingerprint": info.text_fingerprint,
-             "precision": info.precision, "device": device_label(device)})
+    require_finite(
+        tensors,
+        f"embeddings of {info.ref} on task {task.name!r} ({info.precision})",
+        "nothing was stored; its weights are finite, so the forward pass overflows "
+        + (
+            "its precision: try --precision fp32"
+            if info.precision != "fp32"
+            else "float32 on these probes: the weights hold extreme values"
+        ),
+    )
+    return (
+        tensors,
+        {
+            "kind": "embeddings",
+            "model_ref": info.ref,
+            "task": task.name,
+            "grid_hash": task.grid_hash,
+            "input_fingerprint": info.input_fingerprint,
+            "text_fingerprint": info.text_fingerprint,
+            "precision": info.precision,
+            "device": device_label(device),
+        },
+    )
 
 
 def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
     inputs, prompts = entry.tensors["inputs"], entry.tensors["prompts"]
     regressors = entry.tensors.get("regressors")
-    if (inputs.shape[0] != len(task.probes) or prompts.shape[0] != len(task.prompts)
-            or (regressors is not None and regressors.shape[0] != inputs.shape[0])):
-        raise BankError(f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
-                        "delete the entry and rebuild")
-    made_by = {"device": entry.meta.get("device", "unrecorded"), "precision": entry.meta.get("precision", "fp32")}
-    return GridEmbeddings(inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors,
-                          made_by)
+    if (
+        inputs.shape[0] != len(task.probes)
+        or prompts.shape[0] != len(task.prompts)
+        or (regressors is not None and regressors.shape[0] != inputs.shape[0])
+    ):
+        raise BankError(
+            f"cached embeddings {entry.path} do not match task {task.name!r}'s grid",
+            "delete the entry and rebuild",
+        )
+    made_by = {
+        "device": entry.meta.get("device", "unrecorded"),
+        "precision": entry.meta.get("precision", "fp32"),
+    }
+    return GridEmbeddings(
+        inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors, made_by
+    )
 
 
-def embed_grid(model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True) -> GridEmbeddings:
+def embed_grid(
+    model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True
+) -> GridEmbeddings:
     info = model_info(model)
     entry, computed = bank.get_or_compute(
         bank.embeddings_rel(info.key, task.grid_hash),
-        lambda: embedding_record(info, task, *grid_forward(model, task, batch_size, progress), device=model.device))
+        lambda: embedding_record(
+            info, task, *grid_forward(model, task, batch_size, progress), device=model.device
+        ),
+    )
     return grid_embeddings(entry, task, computed)

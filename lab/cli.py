@@ -8,21 +8,21 @@ from pathlib import Path
 
 import click
 
-from ptc.compiler.cli.main import JSON_FLAG, handled  # the product's one-line error handling
 from ptc.compiler.cli.flags import flag as product_flag
+from ptc.compiler.cli.main import JSON_FLAG, handled  # the product's one-line error handling
 
 # The lab's own flags, with the one help each has in every lab command (the product's table,
 # compiler/cli/flags.py, holds the flags both share: --out, --steps, --json).
 LAB_FLAGS = {
     "--profile": "The zoo's profile: full (the image zoo), audio (the CLAP zoo), tiny and audio-tiny (test size).",
     "--root": "Zoo folder (default: the profile's, under $PTC_ZOO or the repository's zoo/; for paper, a "
-              "test-size profile's under OUT).",
+    "test-size profile's under OUT).",
     "--member": "Only this member (repeatable).",
     "--split": "What to score: the held-out test splits (the report), or the train splits, to judge a change "
-               "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
+    "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
     "--quick": "CI-size run (under 5 minutes on 2 cores).",
     "--size": "Model and grid size (default: small with --quick, vit-b otherwise). vit-b16 and vit-l14 build at "
-              "those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold the build to its floors.",
+    "those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold the build to its floors.",
     "--workdir": "Folder the demo writes its world, models, bank and output into.",
 }
 
@@ -34,10 +34,12 @@ COMMANDS: list = []  # (decorated command or group), added to the product's grou
 
 def _lab(make):
     """`@_lab(click.group)` / `@_lab(click.command)`: a command of the lab's, kept for register()."""
+
     def decorate(function):
         command = make()(function)
         COMMANDS.append(command)
         return command
+
     return decorate
 
 
@@ -55,14 +57,15 @@ def zoo() -> None:
 
 def _zoo_dir(root: Path | None, profile: str = "full") -> Path:
     """--root, else the profile's folder under $PTC_ZOO or the repository's zoo/."""
+    from ptc.lab.zoo.profiles import PROFILES
     from ptc.lab.zoo_scheme import zoo_root
 
-    from ptc.lab.zoo.profiles import PROFILES
     return root or zoo_root() / PROFILES[profile].folder
 
 
 def _profiles() -> list[str]:
     from ptc.lab.zoo.profiles import PROFILES
+
     return list(PROFILES)
 
 
@@ -81,8 +84,11 @@ def zoo_build(profile: str, root: Path | None, members: tuple[str, ...]) -> None
         click.echo(row)
     broken = collapsed(index)
     if broken:
-        click.echo(f"warning: class prompts collapsed on {', '.join(broken)}: those tasks cannot be edited "
-                   "on those members", err=True)
+        click.echo(
+            f"warning: class prompts collapsed on {', '.join(broken)}: those tasks cannot be edited "
+            "on those members",
+            err=True,
+        )
     click.echo(f"zoo ({profile}) at {root}: {len(index['members'])} members")
 
 
@@ -132,11 +138,14 @@ def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
 
     scratch = profile_named(profile).scratch
     root = root or (out / f"zoo-{profile}" if scratch else _zoo_dir(None, profile))
-    profile = read_index(root).get("profile", profile)  # a zoo named by --root is run as it was built
+    # a zoo named by --root is run as it was built
+    profile = read_index(root).get("profile", profile)
     # A finished zoo is left as it is, except for the splits it does not commit (written again).
     build_zoo(root, profile_named(profile), echo=click.echo)
     results = harness.run(root, echo=click.echo, split=split)
-    written = report.write(results, out, f"paper-{profile}" + ("-train" if split == "train" else ""))
+    written = report.write(
+        results, out, f"paper-{profile}" + ("-train" if split == "train" else "")
+    )
     for line in report.findings(results):
         click.echo(line)
     click.echo(f"written: {', '.join(str(p) for p in written)}")
@@ -162,15 +171,19 @@ def bench(quick: bool, size: str | None, out: Path | None) -> None:
     else:
         from ptc.lab.benchmarks import suite as bench_module
 
-        results = bench_module.run(quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True))
+        results = bench_module.run(
+            quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True)
+        )
         out = out or Path("benchmarks/results.json")
     write_json_atomic(out, results)
     rows = bench_module.summary_rows(results)
     width = max(len(r[0]) for r in rows)
     for name, measured, target in rows:
         click.echo(f"{name:<{width}}  {measured:<48} {target}")
-    click.echo(f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
-               f"cuda {results['machine']['cuda']}; written to {out}")
+    click.echo(
+        f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
+        f"cuda {results['machine']['cuda']}; written to {out}"
+    )
 
 
 @_lab(click.command)
@@ -183,8 +196,8 @@ def demo(workdir: Path, steps: int) -> None:
 
     report = run_demo(workdir, steps=steps, echo=click.echo)
     lin, eq = report.verify["linearity"], report.verify["equivalence"]
-    click.echo(f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
-               f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}")
+    click.echo(
+        f"verified: linearity fp64 {lin['max_rel_diff_fp64']:.1e} / fp32 {lin['max_rel_diff_fp32']:.1e}, "
+        f"onnx {eq['onnx_max_abs_diff']:.1e}, reload {eq['reload_max_abs_diff']:.1e}"
+    )
     click.echo(f"output: {Path(workdir).resolve() / 'dist' / 'target-edit'}")
-
-

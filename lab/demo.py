@@ -12,7 +12,12 @@ from pathlib import Path
 
 import yaml
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (50, 70, 230), "yellow": (235, 215, 40)}
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 190, 60),
+    "blue": (50, 70, 230),
+    "yellow": (235, 215, 40),
+}
 SHAPES = ("circle", "square", "triangle")
 TEMPLATES = ("a photo of a {} shape.", "a {} thing.")
 
@@ -36,7 +41,9 @@ def draw(colour: str, shape: str, rng: random.Random, size: int = 32):
     return image
 
 
-def write_world(root: Path, probes: int = 24, train: int = 16, test: int = 12, seed: int = 0) -> dict[str, Path]:
+def write_world(
+    root: Path, probes: int = 24, train: int = 16, test: int = 12, seed: int = 0
+) -> dict[str, Path]:
     """Two tasks over the same images (colour, shape): unlabeled probes, a labelled train split
     per class, and a held-out labelled test split. Returns task name -> task file."""
     rng = random.Random(seed)
@@ -57,8 +64,17 @@ def write_world(root: Path, probes: int = 24, train: int = 16, test: int = 12, s
                     path.parent.mkdir(parents=True, exist_ok=True)
                     draw(colour, shape, rng).save(path)
         files[task] = folder / "task.yaml"
-        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
-                                               "templates": list(TEMPLATES)}, sort_keys=False))
+        files[task].write_text(
+            yaml.safe_dump(
+                {
+                    "name": task,
+                    "probes": "probes",
+                    "classes": list(classes),
+                    "templates": list(TEMPLATES),
+                },
+                sort_keys=False,
+            )
+        )
     return files
 
 
@@ -73,13 +89,18 @@ def synthesise(waveform: str, pitch: str, rng: random.Random, rate: int, seconds
 
     t = np.arange(int(rate * seconds)) / rate
     phase = (PITCHES[pitch] * 2 ** rng.uniform(-0.25, 0.25) * t + rng.random()) % 1.0
-    wave = {"sine": np.sin(2 * np.pi * phase), "square": np.where(phase < 0.5, 1.0, -1.0),
-            "sawtooth": 2 * phase - 1}[waveform]
+    wave = {
+        "sine": np.sin(2 * np.pi * phase),
+        "square": np.where(phase < 0.5, 1.0, -1.0),
+        "sawtooth": 2 * phase - 1,
+    }[waveform]
     noise = np.random.default_rng(rng.randrange(2**32)).normal(0, 0.02, len(t))
     return (rng.uniform(0.2, 0.6) * wave + noise).astype("float32")
 
 
-def write_audio_world(root: Path, probes: int = 12, train: int = 8, test: int = 6, seed: int = 0) -> dict[str, Path]:
+def write_audio_world(
+    root: Path, probes: int = 12, train: int = 8, test: int = 6, seed: int = 0
+) -> dict[str, Path]:
     """The audio counterpart of `write_world`: tasks waveform and pitch over generated tones.
     Files vary in container (wav, flac), sample rate (16 and 22.05 kHz), channels and length
     (some longer than a 1 s window), as real probe folders do."""
@@ -109,8 +130,17 @@ def write_audio_world(root: Path, probes: int = 12, train: int = 8, test: int = 
                     pitch = label if task == "pitch" else rng.choice(tuple(PITCHES))
                     write(folder / split / label / f"{i:04d}", waveform, pitch)
         files[task] = folder / "task.yaml"
-        files[task].write_text(yaml.safe_dump({"name": task, "probes": "probes", "classes": list(classes),
-                                               "templates": list(AUDIO_TEMPLATES)}, sort_keys=False))
+        files[task].write_text(
+            yaml.safe_dump(
+                {
+                    "name": task,
+                    "probes": "probes",
+                    "classes": list(classes),
+                    "templates": list(AUDIO_TEMPLATES),
+                },
+                sort_keys=False,
+            )
+        )
     return files
 
 
@@ -118,15 +148,14 @@ def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     """Generate everything under `workdir`, then task add -> finetune -> descriptor add ->
     build -> eval, exactly as a user would run the commands."""
     from ptc import targets
-    from ptc.lab.tiny.hf_clip import build_tiny
-
     from ptc.compiler.bank.store import Bank
     from ptc.compiler.build.pipeline import execute, plan
-    from ptc.compiler.verify.evaluate import evaluate
-    from ptc.compiler.sources.finetune import finetune_lora
-    from ptc.compiler.tasks.grid import load_task
     from ptc.compiler.recipe.options import Options
     from ptc.compiler.sources.descriptor import add_descriptor
+    from ptc.compiler.sources.finetune import finetune_lora
+    from ptc.compiler.tasks.grid import load_task
+    from ptc.compiler.verify.evaluate import evaluate
+    from ptc.lab.tiny.hf_clip import build_tiny
 
     workdir = Path(workdir).resolve()
     bank = Bank(workdir / "bank")
@@ -139,20 +168,35 @@ def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     for name, task_file in task_files.items():
         task, _ = bank.add_task(load_task(task_file))
         adapter = workdir / "sources" / f"source-{name}"
-        stats = finetune_lora(source, task, task_file.parent / "train", adapter, steps=steps, replace=True)
-        echo(f"source LoRA on {name}: {stats['steps']} steps, last batch accuracy {stats['final_batch_accuracy']:.2f}")
+        stats = finetune_lora(
+            source, task, task_file.parent / "train", adapter, steps=steps, replace=True
+        )
+        echo(
+            f"source LoRA on {name}: {stats['steps']} steps, last batch accuracy {stats['final_batch_accuracy']:.2f}"
+        )
         add_descriptor(bank, name, f"hf:{source_dir}", str(adapter), "source")
     recipe = workdir / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "target": f"hf:{target_dir}",
-        "terms": [{"task": "colour", "source": "source", "weight": 0.5},
-                  {"task": "shape", "source": "source", "weight": -0.5}],
-        "bank": "bank", "export": {"out": "dist/target-edit"}}, sort_keys=False))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "target": f"hf:{target_dir}",
+                "terms": [
+                    {"task": "colour", "source": "source", "weight": 0.5},
+                    {"task": "shape", "source": "source", "weight": -0.5},
+                ],
+                "bank": "bank",
+                "export": {"out": "dist/target-edit"},
+            },
+            sort_keys=False,
+        )
+    )
     echo(f"ptc build {recipe}")
     report = execute(plan(recipe, Options(force=True)), Options(force=True))
     out = workdir / "dist" / "target-edit"
     for name, task_file in task_files.items():
-        before = evaluate(f"hf:{target_dir}", bank.task(name), task_file.parent / "test", progress=False)
+        before = evaluate(
+            f"hf:{target_dir}", bank.task(name), task_file.parent / "test", progress=False
+        )
         after = evaluate(str(out), bank.task(name), task_file.parent / "test", progress=False)
         echo(f"target zero-shot on {name}: {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
     return report

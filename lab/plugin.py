@@ -16,6 +16,7 @@ def add_commands(main) -> None:
     """`ptc.commands`: the lab's commands on ptc's group."""
     if installed():
         from ptc.lab.cli import register
+
         register(main)
 
 
@@ -23,4 +24,5 @@ def add_schemes() -> None:
     """`ptc.targets`: the `zoo:` scheme and the lab's timm towers."""
     if installed():
         from ptc.lab.zoo_scheme import register
+
         register()

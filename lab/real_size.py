@@ -14,12 +14,34 @@ from pathlib import Path
 import torch
 
 # transformers config fields of the public checkpoints (NOTES-real-size.md).
-CLIP_TEXT_B = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8)
-CLIP_TEXT_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12)
-VISION_B = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224)
-VISION_L = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16, image_size=224)
+CLIP_TEXT_B = dict(
+    hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8
+)
+CLIP_TEXT_L = dict(
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12
+)
+VISION_B = dict(
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    image_size=224,
+)
+VISION_L = dict(
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    image_size=224,
+)
 
-VISION_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=224)
+VISION_TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=224,
+)
 TEXT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
 
 CONFIGS = {
@@ -40,7 +62,7 @@ def clip_bpe_tokenizer():
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     lines = gzip.open(oc_tokenizer.default_bpe()).read().decode("utf-8").split("\n")
-    merges = [tuple(line.split()) for line in lines[1:49152 - 256 - 2 + 1]]
+    merges = [tuple(line.split()) for line in lines[1 : 49152 - 256 - 2 + 1]]
     symbols = list(bytes_to_unicode().values())
     tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges]
     tokens += ["<|startoftext|>", "<|endoftext|>"]
@@ -60,13 +82,25 @@ def build_clip(folder: Path, name: str, seed: int = 0) -> Path:
     config = CONFIGS[name]
     tokenizer = clip_bpe_tokenizer()
     vocab = tokenizer.get_vocab()
-    text = dict(config["text"], vocab_size=len(vocab), max_position_embeddings=77,
-                bos_token_id=vocab["<|startoftext|>"], eos_token_id=vocab["<|endoftext|>"],
-                pad_token_id=vocab["<|endoftext|>"])
+    text = dict(
+        config["text"],
+        vocab_size=len(vocab),
+        max_position_embeddings=77,
+        bos_token_id=vocab["<|startoftext|>"],
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
     torch.manual_seed(seed)
-    model = CLIPModel(CLIPConfig(text_config=text, vision_config=config["vision"],
-                                 projection_dim=config["projection_dim"])).eval()
+    model = CLIPModel(
+        CLIPConfig(
+            text_config=text,
+            vision_config=config["vision"],
+            projection_dim=config["projection_dim"],
+        )
+    ).eval()
     size = config["vision"]["image_size"]
-    processor = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+    )
     HFClip(model, tokenizer, processor, ref=f"real-size:{name}").save_native(folder)
     return folder

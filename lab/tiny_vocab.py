@@ -11,11 +11,13 @@ becomes one token, and any other string still tokenises byte by byte.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 # Prompt English: what captions and zero-shot prompts of natural and generated worlds say
 # (the zoo's image and audio worlds included), one entry per word form.
-PROMPT_WORDS = tuple(dict.fromkeys("""
+PROMPT_WORDS = tuple(
+    dict.fromkeys(
+        """
 a an the of in on at to with and or is are it its this that behind over same something thing
 object photo picture image sound audio clip recording small large big little dark light bright
 red green blue yellow orange purple white black grey pink brown colour color coloured
@@ -25,11 +27,15 @@ handwritten digit number count one two three four corner top bottom left right
 background pattern plain striped dotted checkered gradient
 tone note notes pitched pitch wave sine sawtooth pulse pulsing beeps tempo slow medium fast
 rising falling steady short long noise middle high very low
-""".split()))
+""".split()
+    )
+)
 
 
-@lru_cache(maxsize=None)
-def byte_bpe(word_suffix: str = "", space_prefix: str = "") -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+@cache
+def byte_bpe(
+    word_suffix: str = "", space_prefix: str = ""
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """(tokens, merges) of a byte-level BPE trained on PROMPT_WORDS until every word is one token.
 
     CLIP marks a word's end (`word_suffix="</w>"`); GPT-2 / RoBERTa mark a preceding space
@@ -48,7 +54,12 @@ def byte_bpe(word_suffix: str = "", space_prefix: str = "") -> tuple[tuple[str, 
         if space_prefix:
             words.append([space_prefix, *encoded[:-1], encoded[-1] + word_suffix])
     # Token ids: the initial symbols in code-point order, then each merge's result as made.
-    ids = {symbol: i for i, symbol in enumerate(sorted(set(byte_symbol.values()) | {s for w in words for s in w}))}
+    ids = {
+        symbol: i
+        for i, symbol in enumerate(
+            sorted(set(byte_symbol.values()) | {s for w in words for s in w})
+        )
+    }
     merges = []
     while True:
         counts: dict[tuple[str, str], int] = {}

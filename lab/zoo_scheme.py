@@ -12,9 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from ptc.errors import ModelError, ModelNotFound
-
 from ptc import targets
+from ptc.errors import ModelError, ModelNotFound
 
 REPOSITORY_ZOO = Path(__file__).resolve().parent.parent / "zoo"
 INDEX = "zoo.json"
@@ -34,8 +33,10 @@ def _member_ref(name: str) -> tuple[str, Path]:
     root = zoo_root()
     indexes = _indexes(root)
     if not indexes:
-        raise ModelNotFound(f"zoo:{name}: no zoo at {root} (looked for {root / INDEX} and {root / '*' / INDEX})",
-                            "build one with `ptc zoo build`, or point PTC_ZOO at a zoo folder")
+        raise ModelNotFound(
+            f"zoo:{name}: no zoo at {root} (looked for {root / INDEX} and {root / '*' / INDEX})",
+            "build one with `ptc zoo build`, or point PTC_ZOO at a zoo folder",
+        )
     known = []
     for index in indexes:
         try:
@@ -45,8 +46,10 @@ def _member_ref(name: str) -> tuple[str, Path]:
         if name in members:
             return members[name]["ref"], index.parent
         known += members
-    raise ModelNotFound(f"zoo:{name}: not a member of the zoo at {root}",
-                        f"members: {', '.join(sorted(known)) or '(none built yet)'}")
+    raise ModelNotFound(
+        f"zoo:{name}: not a member of the zoo at {root}",
+        f"members: {', '.join(sorted(known)) or '(none built yet)'}",
+    )
 
 
 def load(name: str, base_dir: Path):
@@ -64,9 +67,8 @@ def check(name: str, base_dir: Path) -> str:
 def register() -> None:
     """The lab's plugin for ptc.targets (entry point): the `zoo:` scheme, and the lab's small
     timm towers, registered before open_clip builds a model (the zoo's EVA member names one)."""
-    from ptc.targets.openclip import add_tower_hook
-
     from ptc.lab.tiny.openclip import register_timm_towers
+    from ptc.targets.openclip import add_tower_hook
 
     targets.register_scheme("zoo", load, check)
     add_tower_hook(register_timm_towers)

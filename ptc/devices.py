@@ -21,7 +21,7 @@ from ptc.errors import InputError
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
 
-_PRECISION: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
+_PRECISION: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
 def resolve_device(text: str = "auto") -> torch.device:
@@ -34,18 +34,26 @@ def resolve_device(text: str = "auto") -> torch.device:
     except (RuntimeError, ValueError):
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise InputError(f"--device {text}: expected auto, cpu, cuda or cuda:N", "run with --device auto")
+        raise InputError(
+            f"--device {text}: expected auto, cpu, cuda or cuda:N", "run with --device auto"
+        )
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:
-            raise InputError(f"--device {text}: this machine has {count} CUDA device(s) usable by torch "
-                             f"{torch.__version__}", "run with --device auto or --device cpu")
+            raise InputError(
+                f"--device {text}: this machine has {count} CUDA device(s) usable by torch "
+                f"{torch.__version__}",
+                "run with --device auto or --device cpu",
+            )
     return device
 
 
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
-        raise InputError(f"--precision {precision}: expected one of {', '.join(PRECISIONS)}", "the default is fp32")
+        raise InputError(
+            f"--precision {precision}: expected one of {', '.join(PRECISIONS)}",
+            "the default is fp32",
+        )
     return precision
 
 

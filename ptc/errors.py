@@ -135,5 +135,6 @@ def library_errors(what: str, hint: str | None = None, error: type[PtcError] | N
         raise
     except Exception as exc:
         library = library_of(exc)
-        raise (error or ModelError)(f"{what}: {library or 'Python'} raised {condensed(exc)}",
-                                    hint or library_hint(library)) from exc
+        raise (error or ModelError)(
+            f"{what}: {library or 'Python'} raised {condensed(exc)}", hint or library_hint(library)
+        ) from exc

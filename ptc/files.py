@@ -10,8 +10,9 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -100,7 +101,11 @@ def safetensors_header(handle: BinaryIO, size: int) -> dict:
 
 
 def write_json_atomic(path: Path, obj, scratch: Path | None = None) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), scratch)
+    write_bytes_atomic(
+        path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), scratch
+    )
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -112,7 +117,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _pid_in_name(candidate: Path, name: str) -> int | None:
-    pid = candidate.name[len(name) + 2:].split(".", 1)[0]
+    pid = candidate.name[len(name) + 2 :].split(".", 1)[0]
     return int(pid) if pid.isdigit() else None
 
 
@@ -127,11 +132,18 @@ def remove_stale_staging(folder: Path, name: str) -> list[Path]:
     marker (or still empty), an old output swapped aside that ptc's output marker covers whole.
     A folder of someone else's that merely matches the name pattern is left alone."""
     stale = []
-    for candidate in sorted(folder.glob(f".{name}.*.partial")) + sorted(folder.glob(f".{name}.*.old")):
+    for candidate in sorted(folder.glob(f".{name}.*.partial")) + sorted(
+        folder.glob(f".{name}.*.old")
+    ):
         if candidate.is_symlink() or not candidate.is_dir() or not _dead_writer(candidate, name):
             continue
         marked = (candidate / STAGING_MARKER).is_file() or not any(candidate.iterdir())
-        if candidate.suffix == ".partial" and marked or candidate.suffix == ".old" and not foreign_entries(candidate):
+        if (
+            candidate.suffix == ".partial"
+            and marked
+            or candidate.suffix == ".old"
+            and not foreign_entries(candidate)
+        ):
             shutil.rmtree(candidate, ignore_errors=True)
             stale.append(candidate)
     return stale
@@ -144,8 +156,14 @@ def remove_stale_temporaries(scratch: Path) -> list[Path]:
     if not scratch.is_dir():
         return stale
     for candidate in scratch.glob(".*.tmp"):
-        parts = candidate.name[1:-len(".tmp")].split(".")  # NAME may hold dots; PID is second to last
-        if candidate.is_file() and len(parts) >= 3 and parts[-2].isdigit() and not _pid_alive(int(parts[-2])):
+        # NAME may hold dots; PID is second to last
+        parts = candidate.name[1 : -len(".tmp")].split(".")
+        if (
+            candidate.is_file()
+            and len(parts) >= 3
+            and parts[-2].isdigit()
+            and not _pid_alive(int(parts[-2]))
+        ):
             candidate.unlink(missing_ok=True)
             stale.append(candidate)
     return stale
@@ -193,8 +211,13 @@ def _tree(root: Path) -> tuple[list[str], list[str]]:
 def mark_output(folder: Path) -> None:
     """Record every file under `folder` as ptc's (written last, once everything else is)."""
     files, _ = _tree(folder)
-    record = {"format": "ptc-output", "version": 2, "files": {rel: _stamp(folder / rel) for rel in files
-                                                  if rel not in (OUTPUT_MARKER, STAGING_MARKER)}}
+    record = {
+        "format": "ptc-output",
+        "version": 2,
+        "files": {
+            rel: _stamp(folder / rel) for rel in files if rel not in (OUTPUT_MARKER, STAGING_MARKER)
+        },
+    }
     write_json_atomic(folder / OUTPUT_MARKER, record)
 
 
@@ -203,14 +226,21 @@ def foreign_entries(folder: Path) -> list[str]:
     wholly ptc's. A folder without ptc's output marker is foreign as a whole ('.')."""
     try:
         record = json.loads((folder / OUTPUT_MARKER).read_text())
-        recorded = record["files"] if record.get("format") == "ptc-output" and record.get("version") == 2 else None
+        recorded = (
+            record["files"]
+            if record.get("format") == "ptc-output" and record.get("version") == 2
+            else None
+        )
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
         recorded = None
     if not isinstance(recorded, dict):
         return ["."]
     files, others = _tree(folder)
-    foreign = [rel for rel in files if rel != OUTPUT_MARKER
-               and (rel not in recorded or _stamp(folder / rel) != recorded[rel])]
+    foreign = [
+        rel
+        for rel in files
+        if rel != OUTPUT_MARKER and (rel not in recorded or _stamp(folder / rel) != recorded[rel])
+    ]
     return sorted(foreign + others)
 
 
@@ -219,18 +249,26 @@ def check_replaceable(folder: Path) -> None:
     from ptc.errors import OutputError
 
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise OutputError(f"output {folder} exists and is not a folder ptc wrote; ptc replaces only its own outputs",
-                          "choose another output folder")
+        raise OutputError(
+            f"output {folder} exists and is not a folder ptc wrote; ptc replaces only its own outputs",
+            "choose another output folder",
+        )
     if not folder.is_dir() or not any(folder.iterdir()):
         return
     foreign = foreign_entries(folder)
     if foreign == ["."]:
-        raise OutputError(f"output directory {folder} was not written by ptc (it has no {OUTPUT_MARKER}); "
-                          "--force replaces only ptc's own outputs", "choose another output folder, or move it away yourself")
+        raise OutputError(
+            f"output directory {folder} was not written by ptc (it has no {OUTPUT_MARKER}); "
+            "--force replaces only ptc's own outputs",
+            "choose another output folder, or move it away yourself",
+        )
     if foreign:
         more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-        raise OutputError(f"output directory {folder} holds {foreign[0]}{more}, which ptc did not write or which "
-                          "changed since; --force replaces only what ptc wrote", "move those files out first")
+        raise OutputError(
+            f"output directory {folder} holds {foreign[0]}{more}, which ptc did not write or which "
+            "changed since; --force replaces only what ptc wrote",
+            "move those files out first",
+        )
 
 
 @contextlib.contextmanager
@@ -258,7 +296,11 @@ def staged_directory(final: Path, replace: bool, unmarked: bool = False) -> Iter
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(final.parent, final.name)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
+    staging = Path(
+        tempfile.mkdtemp(
+            dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"
+        )
+    )
     try:
         (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n")
         yield staging
@@ -273,7 +315,11 @@ def staged_directory(final: Path, replace: bool, unmarked: bool = False) -> Iter
                 raise FileExistsError(final)
             if not unmarked:
                 check_replaceable(final)
-            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".old"))
+            old = Path(
+                tempfile.mkdtemp(
+                    dir=final.parent, prefix=f".{final.name}.{os.getpid()}.", suffix=".old"
+                )
+            )
             os.replace(final, old)  # onto an empty folder of our own: a rename never merges
             os.replace(staging, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -294,15 +340,22 @@ def check_output_location(out: Path, protected: dict[str, Path]) -> None:
     for ancestor in out.parents:
         if ancestor.exists() or ancestor.is_symlink():
             if not ancestor.is_dir():
-                raise OutputError(f"output {out}: {ancestor} is a file, not a folder", "choose another output path")
+                raise OutputError(
+                    f"output {out}: {ancestor} is a file, not a folder",
+                    "choose another output path",
+                )
             break
     for what, path in protected.items():
         path = Path(path).resolve()
         if out == path or out.is_relative_to(path):
-            raise OutputError(f"output {out} is inside {what} ({path})", f"write outputs outside {what}")
+            raise OutputError(
+                f"output {out} is inside {what} ({path})", f"write outputs outside {what}"
+            )
         if path.is_relative_to(out):
-            raise OutputError(f"output {out} contains {what} ({path}); replacing it would remove {what}",
-                              "choose an output folder of its own")
+            raise OutputError(
+                f"output {out} contains {what} ({path}); replacing it would remove {what}",
+                "choose an output folder of its own",
+            )
 
 
 def read_json_file(path: Path, what: str):
@@ -313,5 +366,7 @@ def read_json_file(path: Path, what: str):
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise OutputError(f"{path}: cannot read the {what}: {exc}".split("\n")[0],
-                          "the output folder is damaged; rebuild it") from None
+        raise OutputError(
+            f"{path}: cannot read the {what}: {exc}".split("\n")[0],
+            "the output folder is damaged; rebuild it",
+        ) from None

@@ -31,7 +31,9 @@ def _is_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor).all())
 
 
-def first_non_finite(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> tuple[str, int, int] | None:
+def first_non_finite(
+    named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+) -> tuple[str, int, int] | None:
     """(name, how many values are NaN or Inf, how many values) of the first floating tensor
     that holds one; None when every value is finite."""
     import torch
@@ -44,10 +46,15 @@ def first_non_finite(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, tor
     return None
 
 
-def require_finite(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], where: str,
-                   hint: str | None = None) -> None:
+def require_finite(
+    named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    where: str,
+    hint: str | None = None,
+) -> None:
     """NonFiniteError naming `where` (a file, an entry, a stage) and the first bad tensor."""
     found = first_non_finite(named)
     if found is not None:
         name, bad, total = found
-        raise NonFiniteError(f"{where}: tensor {name!r} holds NaN or Inf ({bad:,} of {total:,} values)", hint)
+        raise NonFiniteError(
+            f"{where}: tensor {name!r} holds NaN or Inf ({bad:,} of {total:,} values)", hint
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 LINE_SECONDS = 10.0
 
@@ -80,11 +80,14 @@ class Progress:
         left = ""
         if not state and self.total and self.done:
             left = f", about {_duration(seconds / self.done * (self.total - self.done))} left"
-        print(f"{self.desc}: {self.done}{of} {self.units}{figures}, {_duration(seconds)}{left}{state}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{self.desc}: {self.done}{of} {self.units}{figures}, {_duration(seconds)}{left}{state}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.last_line = now
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -98,7 +101,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
 
 
-def track(items: Iterable, total: int | None, desc: str, units: str = "steps", enabled: bool = True) -> Iterator:
+def track(
+    items: Iterable, total: int | None, desc: str, units: str = "steps", enabled: bool = True
+) -> Iterator:
     """Yield `items`, reporting each as one unit done."""
     with Progress(total, desc, units, enabled) as progress:
         for item in items:

@@ -8,8 +8,9 @@ expected, with a "did you mean" for misspelled keys.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 import pydantic
 import yaml
@@ -17,7 +18,8 @@ import yaml
 from ptc.errors import InputError
 
 FieldPath = tuple[str | int, ...]
-MAX_FILE_BYTES = 4 << 20  # recipes, task files and plans are hand-written: 4 MiB is far past any real one
+# recipes, task files and plans are hand-written: 4 MiB is far past any real one
+MAX_FILE_BYTES = 4 << 20
 
 
 def _path_text(value: str) -> str:
@@ -63,7 +65,9 @@ def _line_of(root: yaml.Node | None, path: FieldPath) -> int | None:
                 break
             key_node, node = match[0]
             line = key_node.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
             node = node.value[part]
             line = node.start_mark.line + 1
         else:
@@ -83,8 +87,11 @@ def load_yaml(path: Path, error: type[InputError]) -> tuple[Any, Callable[[Field
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise error(f"{path}: the file is {size / 2**20:.1f} MiB; ptc reads at most {MAX_FILE_BYTES >> 20} MiB "
-                        "from a YAML file", "is this the right file?")
+            raise error(
+                f"{path}: the file is {size / 2**20:.1f} MiB; ptc reads at most {MAX_FILE_BYTES >> 20} MiB "
+                "from a YAML file",
+                "is this the right file?",
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
@@ -108,7 +115,11 @@ def _describe_error(err: dict, model: type[pydantic.BaseModel]) -> str:
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f" (did you mean {guess[0]!r}?)" if guess else f" (expected one of: {', '.join(allowed)})"
+        hint = (
+            f" (did you mean {guess[0]!r}?)"
+            if guess
+            else f" (expected one of: {', '.join(allowed)})"
+        )
         return f"unknown key {loc[-1]!r}{hint}"
     if kind == "missing":
         return "required field is missing"
@@ -143,10 +154,14 @@ def _allowed_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-def validate(model: type[pydantic.BaseModel], data: Any, path: Path, locate, error: type[InputError]):
+def validate(
+    model: type[pydantic.BaseModel], data: Any, path: Path, locate, error: type[InputError]
+):
     """Validate `data` against `model`; raise `error` with file:line, field and expectation."""
     if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+        raise error(
+            f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}"
+        )
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -156,10 +171,16 @@ def validate(model: type[pydantic.BaseModel], data: Any, path: Path, locate, err
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         line = locate(loc)
         where = f"{path}:{line}" if line else str(path)
-        locs = [tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))) for e in errors]
+        locs = [
+            tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            for e in errors
+        ]
         # the other fields, without one that only contains a field already named (pydantic adds
         # a container's own error on top of its member's)
-        others = [format_path(o) for o in dict.fromkeys(locs)
-                  if o != loc and not any(len(x) > len(o) and x[:len(o)] == o for x in locs)][:5]
+        others = [
+            format_path(o)
+            for o in dict.fromkeys(locs)
+            if o != loc and not any(len(x) > len(o) and x[: len(o)] == o for x in locs)
+        ][:5]
         more = f" (and {len(others)} more: {', '.join(others)})" if others else ""
         raise error(f"{where}: {format_path(loc)}: {_describe_error(err, model)}{more}") from None

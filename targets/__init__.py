@@ -8,11 +8,10 @@ functions and the `DualEncoder` protocol.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ptc.errors import ModelNotFound
-
 from ptc.targets.base import DualEncoder, Exportable, Family, OnnxTower, Trainable  # noqa: F401  (what the compiler sees)
 
 SchemeLoader = Callable[[str, Path], Family]

@@ -22,10 +22,14 @@ def read_audio(path: Path, rate: int, max_samples: int) -> np.ndarray:
     try:
         samples, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except RuntimeError as exc:  # soundfile.LibsndfileError and its kin
-        raise InputError(f"probe {path}: cannot read as audio: {exc}",
-                         "remove the file from the probe folder or replace it with a valid wav/flac file") from None
+        raise InputError(
+            f"probe {path}: cannot read as audio: {exc}",
+            "remove the file from the probe folder or replace it with a valid wav/flac file",
+        ) from None
     if len(samples) == 0:
-        raise InputError(f"probe {path}: the audio file holds no samples", "remove it from the probe folder")
+        raise InputError(
+            f"probe {path}: the audio file holds no samples", "remove it from the probe folder"
+        )
     mono = samples.mean(axis=1)
     # Cut before resampling (a long recording costs nothing beyond the window), with a margin
     # so the polyphase filter sees the same neighbourhood at the cut.

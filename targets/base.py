@@ -17,7 +17,6 @@ import torch
 
 from ptc.hashing import tensors_sha256
 
-
 # A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
 # its keys are the input tower's ONNX input names, so a batch feeds the exported graph as it is.
 Batch = dict[str, torch.Tensor]
@@ -57,7 +56,7 @@ class OnnxTower:
     """A tower ready for export: an eval-mode module, example inputs (batch >= 2) in input
     order, the output name, and which input axes are dynamic."""
 
-    name: str                                  # file stem, e.g. "vision_model"
+    name: str  # file stem, e.g. "vision_model"
     module: torch.nn.Module
     example_inputs: dict[str, torch.Tensor]
     output_name: str
@@ -68,8 +67,8 @@ class OnnxTower:
 class DualEncoder(Protocol):
     """The core: what the compiler needs to embed, fingerprint and edit a model."""
 
-    ref: str          # the reference it was loaded from
-    embed_dim: int    # width of the embedding the edit acts on
+    ref: str  # the reference it was loaded from
+    embed_dim: int  # width of the embedding the edit acts on
     # The closed-form edit is a matrix E (embed_dim x edit_width) acting through regressor rows
     # R(x): the edited model embeds z + R E^T exactly. A fold of (I + A) into the last affine
     # has R = z and E = A; a residual head (SigLIP) has R = [u; 1] and E = [dW2 db2].
@@ -94,10 +93,10 @@ class DualEncoder(Protocol):
     def text_fingerprint(self) -> str:
         """Hash of everything that maps a prompt to its embedding (weights, tokenizer)."""
 
-    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> "DualEncoder":
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> DualEncoder:
         """A copy with a peft adapter merged into its weights (at `scale` times its strength)."""
 
-    def with_edit(self, edit: torch.Tensor) -> "DualEncoder":
+    def with_edit(self, edit: torch.Tensor) -> DualEncoder:
         """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
 
     @property
@@ -112,10 +111,13 @@ class DualEncoder(Protocol):
 class Exportable(Protocol):
     """Writing a model out: its towers as ONNX, its checkpoint natively, its model card's facts."""
 
-    library: str       # the library whose format save_native writes, e.g. "transformers"
-    pipeline_tag: str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
-    edit_site: str     # where the edit lives, for the model card, e.g. "`visual_projection`"
-    hub_id: str | None  # the Hugging Face Hub id it was loaded from (via the local cache), else None
+    library: str  # the library whose format save_native writes, e.g. "transformers"
+    pipeline_tag: (
+        str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
+    )
+    edit_site: str  # where the edit lives, for the model card, e.g. "`visual_projection`"
+    # the Hugging Face Hub id it was loaded from (via the local cache), else None
+    hub_id: str | None
 
     def onnx_towers(self) -> list[OnnxTower]:
         """The towers to export: the input tower first, its inputs named as a batch's keys
@@ -135,7 +137,9 @@ class Trainable(Protocol):
     copy of the torch module; the family says which of its input tower's parameters a LoRA
     adapts (the attention q and v projections where it has them) and how to run a copy."""
 
-    lora_targets: dict     # peft LoraConfig targeting keywords: target_modules and/or target_parameters
+    lora_targets: (
+        dict  # peft LoraConfig targeting keywords: target_modules and/or target_parameters
+    )
     contrastive_loss: str  # how the family was pre-trained: "softmax" (CLIP) or "sigmoid" (SigLIP)
 
     def trainable(self) -> torch.nn.Module:
@@ -147,7 +151,7 @@ class Trainable(Protocol):
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         """Unnormalised text embeddings through `module` (a trained copy), autograd on."""
 
-    def with_module(self, module: torch.nn.Module) -> "Trainable":
+    def with_module(self, module: torch.nn.Module) -> Trainable:
         """This encoder with its torch module replaced by `module` (a trained copy)."""
 
 
@@ -164,7 +168,9 @@ def fold_into_linear(weight: torch.Tensor, bias: torch.Tensor | None, operator: 
     """z = W h + b becomes (I + A) z for every h: W' = (I + A) W, b' = (I + A) b (float64)."""
     edit = torch.eye(operator.shape[0], dtype=torch.float64) + operator.double()
     if weight.shape[0] != edit.shape[0]:
-        raise ValueError(f"operator is {tuple(operator.shape)} but the layer writes {weight.shape[0]} features")
+        raise ValueError(
+            f"operator is {tuple(operator.shape)} but the layer writes {weight.shape[0]} features"
+        )
     new_weight = (edit @ weight.double()).to(weight.dtype)
     new_bias = None if bias is None else (edit @ bias.double()).to(bias.dtype)
     return new_weight, new_bias
@@ -190,7 +196,9 @@ def copy_sharing(model: torch.nn.Module, edited: list[torch.Tensor]) -> torch.nn
     return copy.deepcopy(model, memo=shared)
 
 
-def merge_adapter(model: torch.nn.Module, adapter_dir: Path, ref: str, scale: float = 1.0) -> torch.nn.Module:
+def merge_adapter(
+    model: torch.nn.Module, adapter_dir: Path, ref: str, scale: float = 1.0
+) -> torch.nn.Module:
     """A copy of `model` with the peft adapter in `adapter_dir` merged in at `scale` times its
     trained strength (1: the fine-tune itself; 0.5: task arithmetic at half strength)."""
     from peft.tuners.lora import LoraLayer
@@ -223,17 +231,33 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
     from ptc.targets.shipped_code import ADAPTER_WEIGHTS
 
     weights = adapter_dir / ADAPTER_WEIGHTS
-    with library_errors(f"cannot apply the peft adapter {adapter_dir} to {ref}",
-                        "the adapter must have been trained on this base model"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # missing or resized weights are reported below, in one line
+    with (
+        library_errors(
+            f"cannot apply the peft adapter {adapter_dir} to {ref}",
+            "the adapter must have been trained on this base model",
+        ),
+        warnings.catch_warnings(),
+    ):
+        # missing or resized weights are reported below, in one line
+        warnings.simplefilter("ignore")
         stored = stored_tensors([weights])
-        wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_dir, ignore_mismatched_sizes=True)
-    loaded = get_peft_model_state_dict(wrapped, save_embedding_layers=False)  # the names and shapes it saves
-    require_matching({name: tuple(tensor.shape) for name, tensor in loaded.items()}, stored,
-                     f"{ref}: adapter {adapter_dir}", "adapter_config.json",
-                     missing_effect="those layers would not be adapted")
-    require_finite(loaded, f"{ref}: adapter {weights}",
-                   "the adapter is damaged (or its training diverged); ptc merges no weight that is NaN or Inf")
+        wrapped = PeftModel.from_pretrained(
+            copy.deepcopy(model), adapter_dir, ignore_mismatched_sizes=True
+        )
+    # the names and shapes it saves
+    loaded = get_peft_model_state_dict(wrapped, save_embedding_layers=False)
+    require_matching(
+        {name: tuple(tensor.shape) for name, tensor in loaded.items()},
+        stored,
+        f"{ref}: adapter {adapter_dir}",
+        "adapter_config.json",
+        missing_effect="those layers would not be adapted",
+    )
+    require_finite(
+        loaded,
+        f"{ref}: adapter {weights}",
+        "the adapter is damaged (or its training diverged); ptc merges no weight that is NaN or Inf",
+    )
     return wrapped
 
 
@@ -253,11 +277,15 @@ def open_image(path: Path):
             with Image.open(path) as image:
                 return image.convert("RGB")
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InputError(f"probe {path}: refused as a decompression bomb: {exc}".split(" could be")[0],
-                         f"images may have at most {Image.MAX_IMAGE_PIXELS:,} pixels; resize it") from None
+        raise InputError(
+            f"probe {path}: refused as a decompression bomb: {exc}".split(" could be")[0],
+            f"images may have at most {Image.MAX_IMAGE_PIXELS:,} pixels; resize it",
+        ) from None
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-        raise InputError(f"probe {path}: cannot read as an image: {exc}",
-                         "remove the file from the probe folder or replace it with a valid image") from None
+        raise InputError(
+            f"probe {path}: cannot read as an image: {exc}",
+            "remove the file from the probe folder or replace it with a valid image",
+        ) from None
 
 
 def open_images(paths: list[Path]):

@@ -21,8 +21,10 @@ import torch
 from ptc.errors import ModelError
 from ptc.finite import NonFiniteError, first_non_finite
 
-MISMATCH_HINT = ("the config and the weights must come from the same model: save both with the library's own "
-                 "save_pretrained (open_clip: its local-dir layout)")
+MISMATCH_HINT = (
+    "the config and the weights must come from the same model: save both with the library's own "
+    "save_pretrained (open_clip: its local-dir layout)"
+)
 # A config may build a few small tensors its files leave out (tied weights, buffers that older
 # checkpoints stored and newer code recomputes); a config that builds more than twice what the
 # files hold is another model.
@@ -34,7 +36,7 @@ class StoredTensors:
     """What a checkpoint's safetensors files hold, read off their headers (no tensor data)."""
 
     shapes: dict[str, tuple[int, ...]]
-    files: dict[str, Path]      # tensor name -> the file that holds it
+    files: dict[str, Path]  # tensor name -> the file that holds it
 
     @property
     def values(self) -> int:
@@ -75,56 +77,89 @@ def available_memory() -> int | None:
     return None
 
 
-def require_plausible_size(declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str,
-                           config: str) -> None:
+def require_plausible_size(
+    declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str, config: str
+) -> None:
     """Refuse, before anything is allocated, a config that builds far more than its files hold
     or more than this machine has (float32: four bytes a value)."""
     values = sum(math.prod(shape) for shape in declared.values())
     if values > DECLARED_SLACK * stored.values + 1_000_000:
-        raise ModelError(f"{ref}: {config} declares a model of {values:,} values ({_gb(4 * values)}) but its "
-                         f"weights hold {stored.values:,}; refused before loading", MISMATCH_HINT)
+        raise ModelError(
+            f"{ref}: {config} declares a model of {values:,} values ({_gb(4 * values)}) but its "
+            f"weights hold {stored.values:,}; refused before loading",
+            MISMATCH_HINT,
+        )
     free = available_memory()
     if free is not None and 4 * values > free:
-        raise ModelError(f"{ref}: {config} declares a model of {_gb(4 * values)}, more than the "
-                         f"{_gb(free)} this machine has free; refused before loading",
-                         "free memory, or build on a larger machine")
+        raise ModelError(
+            f"{ref}: {config} declares a model of {_gb(4 * values)}, more than the "
+            f"{_gb(free)} this machine has free; refused before loading",
+            "free memory, or build on a larger machine",
+        )
 
 
-def describe_mismatch(ref: str, config: str, missing: list[str], unexpected: list[str],
-                      mismatched: list[tuple[str, tuple, tuple]], stored: StoredTensors,
-                      missing_effect: str = "they would be left random") -> ModelError | None:
+def describe_mismatch(
+    ref: str,
+    config: str,
+    missing: list[str],
+    unexpected: list[str],
+    mismatched: list[tuple[str, tuple, tuple]],
+    stored: StoredTensors,
+    missing_effect: str = "they would be left random",
+) -> ModelError | None:
     """One line for the first disagreement between a config and its checkpoint (None: agree)."""
     if mismatched:
         name, in_file, built = mismatched[0]
-        return ModelError(f"{ref}: {len(mismatched)} weight(s) have another shape than {config} builds "
-                          f"(first: {name!r} is {list(in_file)} in {stored.files.get(name, 'the checkpoint')}, "
-                          f"the config builds {list(built)})", MISMATCH_HINT)
+        return ModelError(
+            f"{ref}: {len(mismatched)} weight(s) have another shape than {config} builds "
+            f"(first: {name!r} is {list(in_file)} in {stored.files.get(name, 'the checkpoint')}, "
+            f"the config builds {list(built)})",
+            MISMATCH_HINT,
+        )
     if missing:
-        return ModelError(f"{ref}: {len(missing)} weight(s) that {config} builds are not in the "
-                          f"checkpoint (first: {sorted(missing)[0]!r}); {missing_effect}", MISMATCH_HINT)
+        return ModelError(
+            f"{ref}: {len(missing)} weight(s) that {config} builds are not in the "
+            f"checkpoint (first: {sorted(missing)[0]!r}); {missing_effect}",
+            MISMATCH_HINT,
+        )
     if unexpected:
         first = sorted(unexpected)[0]
-        return ModelError(f"{ref}: {len(unexpected)} weight(s) in the checkpoint are not part of what "
-                          f"{config} builds (first: {first!r} in {stored.files.get(first, 'the checkpoint')}); "
-                          "they would be dropped", MISMATCH_HINT)
+        return ModelError(
+            f"{ref}: {len(unexpected)} weight(s) in the checkpoint are not part of what "
+            f"{config} builds (first: {first!r} in {stored.files.get(first, 'the checkpoint')}); "
+            "they would be dropped",
+            MISMATCH_HINT,
+        )
     return None
 
 
-def require_matching(declared: dict[str, tuple[int, ...]], stored: StoredTensors, ref: str, config: str,
-                     ignore: Callable[[str], bool] = lambda name: False,
-                     missing_effect: str = "they would be left random") -> None:
+def require_matching(
+    declared: dict[str, tuple[int, ...]],
+    stored: StoredTensors,
+    ref: str,
+    config: str,
+    ignore: Callable[[str], bool] = lambda name: False,
+    missing_effect: str = "they would be left random",
+) -> None:
     """Every tensor the config builds is stored with its shape, and nothing else is stored."""
     missing = [name for name in declared if name not in stored.shapes and not ignore(name)]
     unexpected = [name for name in stored.shapes if name not in declared and not ignore(name)]
-    mismatched = [(name, stored.shapes[name], declared[name]) for name in sorted(declared)
-                  if name in stored.shapes and stored.shapes[name] != declared[name]]
-    problem = describe_mismatch(ref, config, missing, unexpected, mismatched, stored, missing_effect)
+    mismatched = [
+        (name, stored.shapes[name], declared[name])
+        for name in sorted(declared)
+        if name in stored.shapes and stored.shapes[name] != declared[name]
+    ]
+    problem = describe_mismatch(
+        ref, config, missing, unexpected, mismatched, stored, missing_effect
+    )
     if problem is not None:
         raise problem
 
 
-NON_FINITE_HINT = ("the checkpoint is damaged (or was saved from a diverged training run); ptc uses no weight "
-                   "that is NaN or Inf")
+NON_FINITE_HINT = (
+    "the checkpoint is damaged (or was saved from a diverged training run); ptc uses no weight "
+    "that is NaN or Inf"
+)
 
 
 def require_finite_weights(module: torch.nn.Module, ref: str, stored: StoredTensors) -> None:
@@ -132,5 +167,8 @@ def require_finite_weights(module: torch.nn.Module, ref: str, stored: StoredTens
     found = first_non_finite(module.state_dict())
     if found is not None:
         name, bad, total = found
-        raise NonFiniteError(f"{ref}: {stored.files.get(name, 'the checkpoint')}: tensor {name!r} holds NaN or Inf "
-                             f"({bad:,} of {total:,} values)", NON_FINITE_HINT)
+        raise NonFiniteError(
+            f"{ref}: {stored.files.get(name, 'the checkpoint')}: tensor {name!r} holds NaN or Inf "
+            f"({bad:,} of {total:,} values)",
+            NON_FINITE_HINT,
+        )

@@ -14,11 +14,15 @@ from pathlib import Path
 import torch
 
 from ptc.errors import ModelError, ModelNotFound, library_errors
-
 from ptc.targets import HF_MODEL_TYPES, register_scheme
 from ptc.targets.base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
-from ptc.targets.checkpoint import (declared_shapes, describe_mismatch, require_finite_weights, require_plausible_size,
-                         stored_tensors)
+from ptc.targets.checkpoint import (
+    declared_shapes,
+    describe_mismatch,
+    require_finite_weights,
+    require_plausible_size,
+    stored_tensors,
+)
 from ptc.targets.shipped_code import refuse_shipped_code
 
 # Loading must never reach a hub: set before transformers / huggingface_hub read them.
@@ -26,7 +30,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+PICKLE_WEIGHTS = (
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+)
 
 
 def _cache_dir_for(model_id: str) -> Path | None:
@@ -49,18 +58,25 @@ def resolve_dir(rest: str, base_dir: Path) -> Path:
         cached = _cache_dir_for(rest)
         if cached is None:
             from huggingface_hub.constants import HF_HUB_CACHE
+
             raise ModelNotFound(
                 f"hf:{rest}: no such model folder (looked at {local}) and not in the local "
                 f"Hugging Face cache (looked in {HF_HUB_CACHE})",
-                "ptc never downloads; fetch the checkpoint on a machine with network and copy it here")
+                "ptc never downloads; fetch the checkpoint on a machine with network and copy it here",
+            )
         folder = cached
     if not (folder / "config.json").is_file():
-        raise ModelNotFound(f"hf:{rest}: {folder} has no config.json", "point hf: at a save_pretrained folder")
+        raise ModelNotFound(
+            f"hf:{rest}: {folder} has no config.json", "point hf: at a save_pretrained folder"
+        )
     if not any(folder.glob("*.safetensors")):
         pickled = [name for name in PICKLE_WEIGHTS if (folder / name).exists()]
         if pickled:
-            raise ModelError(f"hf:{rest}: {folder} holds only pickle weights ({pickled[0]}); ptc never "
-                             "unpickles checkpoint files", "convert it to safetensors on a trusted machine")
+            raise ModelError(
+                f"hf:{rest}: {folder} holds only pickle weights ({pickled[0]}); ptc never "
+                "unpickles checkpoint files",
+                "convert it to safetensors on a trusted machine",
+            )
         raise ModelNotFound(f"hf:{rest}: {folder} has no *.safetensors weights")
     refuse_shipped_code(folder, f"hf:{rest}")
     return folder
@@ -72,8 +88,10 @@ def _family_for(folder: Path, rest: str):
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelError(f"hf:{rest}: cannot read {folder / 'config.json'}: {exc}") from None
     if model_type not in HF_MODEL_TYPES:
-        raise ModelError(f"hf:{rest}: model_type {model_type!r} is not a supported family",
-                         f"supported model types: {', '.join(sorted(HF_MODEL_TYPES))}")
+        raise ModelError(
+            f"hf:{rest}: model_type {model_type!r} is not a supported family",
+            f"supported model types: {', '.join(sorted(HF_MODEL_TYPES))}",
+        )
     return HF_MODEL_TYPES[model_type]
 
 
@@ -100,8 +118,8 @@ class HFDualEncoder(OnDevice):
     and native saves. A family subclass says which model class it loads, which parameters
     belong to which tower, and how it embeds and folds."""
 
-    model_class: str                 # transformers class name, e.g. "CLIPModel"
-    fingerprint_tag: str             # family tag hashed into fingerprints, e.g. "hf-clip"
+    model_class: str  # transformers class name, e.g. "CLIPModel"
+    fingerprint_tag: str  # family tag hashed into fingerprints, e.g. "hf-clip"
     input_prefixes: tuple[str, ...]  # state-dict prefixes of the input tower
     text_prefixes: tuple[str, ...]
     library = "transformers"
@@ -124,12 +142,16 @@ class HFDualEncoder(OnDevice):
         logging.disable_progress_bar()
         for needed in ("tokenizer_config.json", "preprocessor_config.json"):
             if not (folder / needed).is_file():
-                raise ModelError(f"{ref}: {folder} has no {needed}",
-                                 "save the tokenizer and processor next to the weights "
-                                 "(tokenizer.save_pretrained / processor.save_pretrained)")
+                raise ModelError(
+                    f"{ref}: {folder} has no {needed}",
+                    "save the tokenizer and processor next to the weights "
+                    "(tokenizer.save_pretrained / processor.save_pretrained)",
+                )
         with library_errors(f"{ref}: cannot load from {folder}"):
             model = cls._load_checked(getattr(transformers, cls.model_class), folder, ref)
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False
+            )
             processor = cls.load_processor(folder)
         return cls(model, tokenizer, processor, ref)
 
@@ -139,15 +161,33 @@ class HFDualEncoder(OnDevice):
         allocated, then every weight transformers reports missing, unexpected or resized (its
         own rules: tied weights, renamed legacy keys) refused, and every weight finite."""
         config_file = "config.json"
-        config = model_class.config_class.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        config = model_class.config_class.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
         stored = stored_tensors(sorted(folder.glob("*.safetensors")))
-        require_plausible_size(declared_shapes(lambda: model_class(config)), stored, ref, config_file)
+        require_plausible_size(
+            declared_shapes(lambda: model_class(config)), stored, ref, config_file
+        )
         model, info = model_class.from_pretrained(
-            folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False,
-            output_loading_info=True, ignore_mismatched_sizes=True)
-        mismatched = [(name, tuple(in_file), tuple(built)) for name, in_file, built in info["mismatched_keys"]]
-        problem = describe_mismatch(ref, config_file, list(info["missing_keys"]), list(info["unexpected_keys"]),
-                                    sorted(mismatched), stored)
+            folder,
+            config=config,
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=False,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+        )
+        mismatched = [
+            (name, tuple(in_file), tuple(built)) for name, in_file, built in info["mismatched_keys"]
+        ]
+        problem = describe_mismatch(
+            ref,
+            config_file,
+            list(info["missing_keys"]),
+            list(info["unexpected_keys"]),
+            sorted(mismatched),
+            stored,
+        )
         if problem is not None:
             raise problem
         require_finite_weights(model, ref, stored)
@@ -156,7 +196,10 @@ class HFDualEncoder(OnDevice):
     @staticmethod
     def load_processor(folder: Path):
         from transformers import AutoImageProcessor
-        return AutoImageProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+        return AutoImageProcessor.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
 
     # -- embedding defaults -------------------------------------------------------------------
     # Pad every prompt to max_length (SigLIP, trained on full-context prompts) or to the
@@ -167,30 +210,50 @@ class HFDualEncoder(OnDevice):
         return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
     @staticmethod
-    def text_embedding(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def text_embedding(
+        model, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Unnormalised text embeddings through `model` (transformers 5: `.pooler_output`)."""
-        return model.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        return model.get_text_features(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).pooler_output
 
     def _tokenize(self, prompts: list[str]):
-        return self.tokenizer(prompts, padding="max_length" if self.pad_to_max_length else True, truncation=True,
-                              max_length=self.max_length, return_tensors="pt")
+        return self.tokenizer(
+            prompts,
+            padding="max_length" if self.pad_to_max_length else True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
 
     @torch.inference_mode()
     def embed_prompts(self, prompts: list[str]) -> torch.Tensor:
         tokens = self.here(dict(self._tokenize(prompts)))
-        return self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"]).float().cpu()
+        return (
+            self.text_embedding(self.model, tokens["input_ids"], tokens["attention_mask"])
+            .float()
+            .cpu()
+        )
 
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         tokens = self._tokenize(prompts)
-        return self.text_embedding(module, tokens["input_ids"].to(module.device),
-                                   tokens["attention_mask"].to(module.device))
+        return self.text_embedding(
+            module,
+            tokens["input_ids"].to(module.device),
+            tokens["attention_mask"].to(module.device),
+        )
 
     def text_onnx_tower(self, example_prompts: list[str]) -> OnnxTower:
         tokens = self._tokenize(example_prompts)
         axes = {0: "batch"} if self.pad_to_max_length else {0: "batch", 1: "sequence"}
-        return OnnxTower("text_model", _TextTower(self.model, self.text_embedding).eval(),
-                         {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
-                         "text_embeds", {"input_ids": axes, "attention_mask": axes})
+        return OnnxTower(
+            "text_model",
+            _TextTower(self.model, self.text_embedding).eval(),
+            {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]},
+            "text_embeds",
+            {"input_ids": axes, "attention_mask": axes},
+        )
 
     # -- identity -----------------------------------------------------------------------------
     def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -198,13 +261,17 @@ class HFDualEncoder(OnDevice):
 
     @cached_property
     def _input_fp(self) -> str:
-        return fingerprint_tensors(self._params(self.input_prefixes),
-                                   f"{self.fingerprint_tag}|" + self.processor.to_json_string())
+        return fingerprint_tensors(
+            self._params(self.input_prefixes),
+            f"{self.fingerprint_tag}|" + self.processor.to_json_string(),
+        )
 
     @cached_property
     def _text_fp(self) -> str:
-        return fingerprint_tensors(self._params(self.text_prefixes),
-                                   f"{self.fingerprint_tag}|" + tokenizer_identity(self.tokenizer))
+        return fingerprint_tensors(
+            self._params(self.text_prefixes),
+            f"{self.fingerprint_tag}|" + tokenizer_identity(self.tokenizer),
+        )
 
     def input_fingerprint(self) -> str:
         return self._input_fp
@@ -221,15 +288,19 @@ class HFDualEncoder(OnDevice):
 
     def with_adapter(self, adapter_dir: Path, scale: float = 1.0):
         merged = merge_adapter(self.model, adapter_dir, self.ref, scale)
-        return self._copy(merged, f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else ""))
+        return self._copy(
+            merged, f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else "")
+        )
 
     def trainable(self) -> torch.nn.Module:
         return copy.deepcopy(self.model).eval()  # eval: no dropout; keeps runs deterministic
 
     def load_snippet(self, folder: str) -> str:
-        return (f'from transformers import AutoProcessor, {self.model_class}\n'
-                f'model = {self.model_class}.from_pretrained("{folder}")\n'
-                f'processor = AutoProcessor.from_pretrained("{folder}")')
+        return (
+            f"from transformers import AutoProcessor, {self.model_class}\n"
+            f'model = {self.model_class}.from_pretrained("{folder}")\n'
+            f'processor = AutoProcessor.from_pretrained("{folder}")'
+        )
 
     def save_native(self, folder: Path) -> str:
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -270,5 +341,8 @@ def tokenizer_identity(tokenizer) -> str:
         spec.pop("truncation", None), spec.pop("padding", None)
         return json.dumps(spec, sort_keys=True)
     if vocab_file and Path(vocab_file).is_file():
-        return f"{type(tokenizer).__name__}|" + hashlib.sha256(Path(vocab_file).read_bytes()).hexdigest()
+        return (
+            f"{type(tokenizer).__name__}|"
+            + hashlib.sha256(Path(vocab_file).read_bytes()).hexdigest()
+        )
     return f"{type(tokenizer).__name__}|" + json.dumps(tokenizer.get_vocab(), sort_keys=True)

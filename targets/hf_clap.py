@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from ptc.errors import OutputError
-
 from ptc.targets import register_hf_family
 from ptc.targets.audio import read_audio
 from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
@@ -50,18 +49,24 @@ class HFClap(HFDualEncoder):
         super().__init__(model, tokenizer, processor, ref)
         self.embed_dim = self.edit_width = model.audio_projection.linear2.out_features
         self.fused = bool(model.config.audio_config.enable_fusion)
-        self.max_length = min(tokenizer.model_max_length, model.config.text_config.max_position_embeddings - 2)
+        self.max_length = min(
+            tokenizer.model_max_length, model.config.text_config.max_position_embeddings - 2
+        )
 
     @staticmethod
     def text_embedding(model, input_ids, attention_mask) -> torch.Tensor:
         # get_text_features L2-normalises; the projection before it is what CLIP's towers return.
-        return model.text_projection(model.text_model(input_ids=input_ids, attention_mask=attention_mask)
-                                     .pooler_output)
+        return model.text_projection(
+            model.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+        )
 
     @staticmethod
     def load_processor(folder: Path):
         from transformers import AutoFeatureExtractor
-        return AutoFeatureExtractor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+        return AutoFeatureExtractor.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
@@ -81,7 +86,7 @@ class HFClap(HFDualEncoder):
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return _audio_embedding(module, batch)
 
-    def with_edit(self, operator: torch.Tensor) -> "HFClap":
+    def with_edit(self, operator: torch.Tensor) -> HFClap:
         layer = self.model.audio_projection.linear2
         model = copy_sharing(self.model, [t for t in (layer.weight, layer.bias) if t is not None])
         fold_into_linear_layer(model.audio_projection.linear2, operator)
@@ -90,15 +95,27 @@ class HFClap(HFDualEncoder):
     # -- export -------------------------------------------------------------------------------
     def onnx_towers(self) -> list[OnnxTower]:
         if self.fused:
-            raise OutputError(f"{self.ref}: a fused CLAP's audio tower picks its branch from is_longer at run "
-                              "time, which torch's ONNX exporter cannot trace",
-                              "export this target with formats: [safetensors]")
+            raise OutputError(
+                f"{self.ref}: a fused CLAP's audio tower picks its branch from is_longer at run "
+                "time, which torch's ONNX exporter cannot trace",
+                "export this target with formats: [safetensors]",
+            )
         rate = self.processor.sampling_rate
-        clips = [np.zeros(rate // 2, dtype=np.float32), np.linspace(-0.5, 0.5, rate, dtype=np.float32)]
+        clips = [
+            np.zeros(rate // 2, dtype=np.float32),
+            np.linspace(-0.5, 0.5, rate, dtype=np.float32),
+        ]
         features = self.processor(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
-        return [OnnxTower("audio_model", _AudioTower(self.model).eval(), {"input_features": features},
-                          "audio_embeds", {"input_features": {0: "batch"}}),
-                self.text_onnx_tower(["the sound of a thing.", "a sound."])]
+        return [
+            OnnxTower(
+                "audio_model",
+                _AudioTower(self.model).eval(),
+                {"input_features": features},
+                "audio_embeds",
+                {"input_features": {0: "batch"}},
+            ),
+            self.text_onnx_tower(["the sound of a thing.", "a sound."]),
+        ]
 
 
 register_hf_family(["clap"], HFClap.load)

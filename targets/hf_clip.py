@@ -47,7 +47,11 @@ class HFClip(HFDualEncoder):
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
-        return {"pixel_values": self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]}
+        return {
+            "pixel_values": self.processor(images=open_images(paths), return_tensors="pt")[
+                "pixel_values"
+            ]
+        }
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
@@ -57,7 +61,7 @@ class HFClip(HFDualEncoder):
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
-    def with_edit(self, operator: torch.Tensor) -> "HFClip":
+    def with_edit(self, operator: torch.Tensor) -> HFClip:
         model = copy_sharing(self.model, [self.model.visual_projection.weight])
         fold_into_linear_layer(model.visual_projection, operator)
         return self._copy(model, "+edit")
@@ -67,9 +71,16 @@ class HFClip(HFDualEncoder):
         size = self.model.config.vision_config.image_size
         channels = self.model.config.vision_config.num_channels
         pixels = torch.zeros(2, channels, size, size)
-        return [OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels},
-                          "image_embeds", {"pixel_values": {0: "batch"}}),
-                self.text_onnx_tower(["a photo of a thing.", "a photo."])]
+        return [
+            OnnxTower(
+                "vision_model",
+                _ImageTower(self.model).eval(),
+                {"pixel_values": pixels},
+                "image_embeds",
+                {"pixel_values": {0: "batch"}},
+            ),
+            self.text_onnx_tower(["a photo of a thing.", "a photo."]),
+        ]
 
 
 register_hf_family(["clip"], HFClip.load)

@@ -37,8 +37,11 @@ class _ImageTowerSiglip(_ImageTower):
 
 class _ImageTowerSiglip2(_ImageTower):
     def forward(self, pixel_values, pixel_attention_mask, spatial_shapes):
-        return super().forward(pixel_values=pixel_values, pixel_attention_mask=pixel_attention_mask,
-                               spatial_shapes=spatial_shapes)
+        return super().forward(
+            pixel_values=pixel_values,
+            pixel_attention_mask=pixel_attention_mask,
+            spatial_shapes=spatial_shapes,
+        )
 
 
 class HFSiglip(HFDualEncoder):
@@ -50,8 +53,10 @@ class HFSiglip(HFDualEncoder):
     text_prefixes = ("text_model.",)
     # The encoder's attention; the pooling head's nn.MultiheadAttention has no q_proj/v_proj.
     lora_targets = {"target_modules": r".*vision_model\.encoder\..*\.(q_proj|v_proj)"}
-    edit_site = ("the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
-                 "b2' = b2 + db2")
+    edit_site = (
+        "the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
+        "b2' = b2 + db2"
+    )
     image_tower = _ImageTowerSiglip
     # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
     pad_to_max_length = True
@@ -66,7 +71,11 @@ class HFSiglip(HFDualEncoder):
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
-        return {"pixel_values": self.processor(images=open_images(paths), return_tensors="pt")["pixel_values"]}
+        return {
+            "pixel_values": self.processor(images=open_images(paths), return_tensors="pt")[
+                "pixel_values"
+            ]
+        }
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
@@ -76,7 +85,8 @@ class HFSiglip(HFDualEncoder):
     def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         captured = []
         hook = self.model.vision_model.head.mlp.fc2.register_forward_hook(
-            lambda _module, args, _out: captured.append(args[0]))
+            lambda _module, args, _out: captured.append(args[0])
+        )
         try:
             z = self.model.get_image_features(**self.here(batch)).pooler_output.float().cpu()
         finally:
@@ -88,9 +98,11 @@ class HFSiglip(HFDualEncoder):
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return module.get_image_features(**batch).pooler_output
 
-    def with_edit(self, edit: torch.Tensor) -> "HFSiglip":
+    def with_edit(self, edit: torch.Tensor) -> HFSiglip:
         if tuple(edit.shape) != (self.embed_dim, self.edit_width):
-            raise ValueError(f"head edit is {tuple(edit.shape)}, the head takes {(self.embed_dim, self.edit_width)}")
+            raise ValueError(
+                f"head edit is {tuple(edit.shape)}, the head takes {(self.embed_dim, self.edit_width)}"
+            )
         head = self.model.vision_model.head.mlp.fc2
         model = copy_sharing(self.model, [head.weight, head.bias])
         fc2 = model.vision_model.head.mlp.fc2
@@ -102,13 +114,22 @@ class HFSiglip(HFDualEncoder):
     # -- export -------------------------------------------------------------------------------
     def example_batch(self) -> Batch:
         size = self.model.config.vision_config.image_size
-        return {"pixel_values": torch.zeros(2, self.model.config.vision_config.num_channels, size, size)}
+        return {
+            "pixel_values": torch.zeros(2, self.model.config.vision_config.num_channels, size, size)
+        }
 
     def onnx_towers(self) -> list[OnnxTower]:
         batch = self.example_batch()
-        return [OnnxTower("vision_model", self.image_tower(self.model).eval(), batch, "image_embeds",
-                          {name: {0: "batch"} for name in batch}),
-                self.text_onnx_tower(["a photo of a thing.", "a photo."])]
+        return [
+            OnnxTower(
+                "vision_model",
+                self.image_tower(self.model).eval(),
+                batch,
+                "image_embeds",
+                {name: {0: "batch"} for name in batch},
+            ),
+            self.text_onnx_tower(["a photo of a thing.", "a photo."]),
+        ]
 
 
 class HFSiglip2(HFSiglip):
@@ -121,7 +142,9 @@ class HFSiglip2(HFSiglip):
 
     def load_inputs(self, paths: list[Path]) -> Batch:
         out = self.processor(images=open_images(paths), return_tensors="pt")
-        return {name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+        return {
+            name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        }
 
     def example_batch(self) -> Batch:
         # Two different patch grids, so the exported graph keeps spatial_shapes as data.
@@ -129,7 +152,9 @@ class HFSiglip2(HFSiglip):
 
         images = [Image.new("RGB", (64, 64)), Image.new("RGB", (96, 48))]
         out = self.processor(images=images, return_tensors="pt")
-        return {name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")}
+        return {
+            name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        }
 
 
 register_hf_family(["siglip"], HFSiglip.load)

@@ -16,12 +16,25 @@ from pathlib import Path
 import torch
 
 from ptc.errors import ModelError, ModelNotFound, library_errors
-
 from ptc.targets import register_scheme
-from ptc.targets.base import (Batch, OnDevice, OnnxTower, copy_sharing, fingerprint_tensors, fold_into_linear, fold_into_linear_layer,
-                   merge_adapter, open_images)
-from ptc.targets.checkpoint import (declared_shapes, require_finite_weights, require_matching, require_plausible_size,
-                         stored_tensors)
+from ptc.targets.base import (
+    Batch,
+    OnDevice,
+    OnnxTower,
+    copy_sharing,
+    fingerprint_tensors,
+    fold_into_linear,
+    fold_into_linear_layer,
+    merge_adapter,
+    open_images,
+)
+from ptc.targets.checkpoint import (
+    declared_shapes,
+    require_finite_weights,
+    require_matching,
+    require_plausible_size,
+    stored_tensors,
+)
 from ptc.targets.hf import save_tokenizer
 from ptc.targets.shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 
@@ -56,11 +69,13 @@ def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
     import open_clip
 
     if rest.startswith("local-dir:"):
-        folder = (base_dir / Path(rest[len("local-dir:"):]).expanduser()).resolve()
+        folder = (base_dir / Path(rest[len("local-dir:") :]).expanduser()).resolve()
         config_path, weights = folder / CONFIG, folder / WEIGHTS
         if not config_path.is_file() or not weights.is_file():
-            raise ModelNotFound(f"open_clip:{rest}: expected {CONFIG} and {WEIGHTS} in {folder}",
-                                "save with `ptc build` or open_clip's push_to_hf_hub layout")
+            raise ModelNotFound(
+                f"open_clip:{rest}: expected {CONFIG} and {WEIGHTS} in {folder}",
+                "save with `ptc build` or open_clip's push_to_hf_hub layout",
+            )
         refuse_shipped_code(folder, f"open_clip:{rest}")
         config = json.loads(config_path.read_text())  # refuse_shipped_code parsed it already
         if not isinstance(config, dict) or not isinstance(config.get("model_cfg"), dict):
@@ -69,17 +84,25 @@ def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
         return config, weights, str(folder)
     arch, sep, file = rest.partition("@")
     if not sep:
-        raise ModelNotFound(f"open_clip:{rest}: give a local checkpoint as open_clip:{rest}@/path/weights.safetensors "
-                            "or a folder as open_clip:local-dir:/path", "ptc never downloads pretrained weights")
+        raise ModelNotFound(
+            f"open_clip:{rest}: give a local checkpoint as open_clip:{rest}@/path/weights.safetensors "
+            "or a folder as open_clip:local-dir:/path",
+            "ptc never downloads pretrained weights",
+        )
     model_cfg = open_clip.get_model_config(arch)
     if model_cfg is None:
-        raise ModelNotFound(f"open_clip:{rest}: unknown architecture {arch!r}",
-                            f"known: {', '.join(open_clip.list_models()[:8])} ...")
+        raise ModelNotFound(
+            f"open_clip:{rest}: unknown architecture {arch!r}",
+            f"known: {', '.join(open_clip.list_models()[:8])} ...",
+        )
     weights = (base_dir / Path(file).expanduser()).resolve()
     refuse_pickle_file(weights, f"open_clip:{rest}")
     if weights.suffix != ".safetensors":
-        raise ModelError(f"open_clip:{rest}: {weights.name} is not a safetensors file; ptc never unpickles "
-                         "checkpoint files", "convert it to safetensors on a trusted machine")
+        raise ModelError(
+            f"open_clip:{rest}: {weights.name} is not a safetensors file; ptc never unpickles "
+            "checkpoint files",
+            "convert it to safetensors on a trusted machine",
+        )
     if not weights.is_file():
         raise ModelNotFound(f"open_clip:{rest}: no checkpoint at {weights}")
     refuse_foreign_towers(model_cfg, f"open_clip's config {arch!r}", f"open_clip:{rest}")
@@ -99,42 +122,66 @@ class OpenClip(OnDevice):
         self.preprocess, self.tokenizer = preprocess, tokenizer
         self.projection_path = next((p for p in PROJECTIONS if _get(model, p) is not None), None)
         if self.projection_path is None:
-            raise ModelError(f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})")
+            raise ModelError(
+                f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})"
+            )
         self.embed_dim = self.edit_width = int(config["model_cfg"]["embed_dim"])
         self.edit_site = f"the image projection (`{self.projection_path}`) as W' = (I + A) W"
         self.lora_targets = _lora_targets(model)
 
     @classmethod
-    def load(cls, rest: str, base_dir: Path) -> "OpenClip":
+    def load(cls, rest: str, base_dir: Path) -> OpenClip:
         import open_clip
         from open_clip.transform import PreprocessCfg, image_transform_v2
         from safetensors.torch import load_file
 
         config, weights, _ = _resolve(rest, base_dir)
         model_cfg, ref = config["model_cfg"], f"open_clip:{rest}"
-        tokenizer = _tokenizer(rest, weights.parent, model_cfg)  # first: it may refuse before a large model is built
+        # first: it may refuse before a large model is built
+        tokenizer = _tokenizer(rest, weights.parent, model_cfg)
         _run_tower_hooks()
-        build = lambda: open_clip.CLIP(**model_cfg) if "custom_text" not in model_cfg \
-            else open_clip.CustomTextCLIP(**model_cfg)  # noqa: E731
-        config_file = CONFIG if rest.startswith("local-dir:") else f"open_clip's config {rest.partition('@')[0]!r}"
+
+        def build() -> torch.nn.Module:
+            if "custom_text" in model_cfg:
+                return open_clip.CustomTextCLIP(**model_cfg)
+            return open_clip.CLIP(**model_cfg)
+
+        config_file = (
+            CONFIG
+            if rest.startswith("local-dir:")
+            else f"open_clip's config {rest.partition('@')[0]!r}"
+        )
         with library_errors(f"{ref}: cannot load {weights}"):
             stored = stored_tensors([weights])
             declared = declared_shapes(build)
             require_plausible_size(declared, stored, ref, config_file)
             # The attention masks are buffers the model rebuilds; open_clip's own writer leaves them out.
-            require_matching(declared, stored, ref, config_file, ignore=lambda name: "attn_mask" in name)
+            require_matching(
+                declared, stored, ref, config_file, ignore=lambda name: "attn_mask" in name
+            )
             model = build()
             model.load_state_dict(load_file(str(weights)), strict=False)
         require_finite_weights(model, ref, stored)
         with library_errors(f"{ref}: preprocess_cfg"):
-            preprocess_cfg = {**open_clip.get_model_preprocess_cfg(model), **config.get("preprocess_cfg", {})}
+            preprocess_cfg = {
+                **open_clip.get_model_preprocess_cfg(model),
+                **config.get("preprocess_cfg", {}),
+            }
             model.visual.preprocess_cfg = preprocess_cfg
             preprocess = image_transform_v2(PreprocessCfg(**preprocess_cfg), is_train=False)
-        return cls(model, {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}, preprocess, tokenizer, ref)
+        return cls(
+            model,
+            {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg},
+            preprocess,
+            tokenizer,
+            ref,
+        )
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:
-        return {"pixel_values": torch.stack([self.preprocess(image) for image in open_images(paths)])}
+        return {
+            "pixel_values": torch.stack([self.preprocess(image) for image in open_images(paths)])
+        }
 
     @torch.inference_mode()
     def embed_inputs(self, batch: Batch) -> torch.Tensor:
@@ -149,12 +196,17 @@ class OpenClip(OnDevice):
 
     # -- identity -----------------------------------------------------------------------------
     def _state(self, visual: bool) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.model.state_dict().items()
-                if k.startswith("visual.") == visual and not k.startswith("logit_")}
+        return {
+            k: v
+            for k, v in self.model.state_dict().items()
+            if k.startswith("visual.") == visual and not k.startswith("logit_")
+        }
 
     @cached_property
     def _input_fp(self) -> str:
-        return fingerprint_tensors(self._state(True), "open_clip|" + json.dumps(self.config, sort_keys=True))
+        return fingerprint_tensors(
+            self._state(True), "open_clip|" + json.dumps(self.config, sort_keys=True)
+        )
 
     @cached_property
     def _text_fp(self) -> str:
@@ -168,7 +220,7 @@ class OpenClip(OnDevice):
         return self._text_fp
 
     # -- edits --------------------------------------------------------------------------------
-    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> "OpenClip":
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> OpenClip:
         merged = merge_adapter(self.model, adapter_dir, self.ref, scale)
         suffix = f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else "")
         return OpenClip(merged, self.config, self.preprocess, self.tokenizer, self.ref + suffix)
@@ -176,8 +228,10 @@ class OpenClip(OnDevice):
     def trainable(self) -> torch.nn.Module:
         return copy.deepcopy(self.model).eval()
 
-    def with_module(self, module: torch.nn.Module) -> "OpenClip":
-        return OpenClip(module.eval(), self.config, self.preprocess, self.tokenizer, self.ref + "+trained")
+    def with_module(self, module: torch.nn.Module) -> OpenClip:
+        return OpenClip(
+            module.eval(), self.config, self.preprocess, self.tokenizer, self.ref + "+trained"
+        )
 
     def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return module.encode_image(batch["pixel_values"])
@@ -185,9 +239,11 @@ class OpenClip(OnDevice):
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         return module.encode_text(self.tokenizer(prompts).to(next(module.parameters()).device))
 
-    def with_edit(self, operator: torch.Tensor) -> "OpenClip":
+    def with_edit(self, operator: torch.Tensor) -> OpenClip:
         site = _get(self.model, self.projection_path)
-        model = copy_sharing(self.model, list(site.parameters()) if isinstance(site, torch.nn.Module) else [site])
+        model = copy_sharing(
+            self.model, list(site.parameters()) if isinstance(site, torch.nn.Module) else [site]
+        )
         target = _get(model, self.projection_path)
         if isinstance(target, torch.nn.Linear):
             fold_into_linear_layer(target, operator)
@@ -201,22 +257,39 @@ class OpenClip(OnDevice):
         size = self.model.visual.image_size
         size = size if isinstance(size, (tuple, list)) else (size, size)
         pixels = torch.zeros(2, 3, *size)
-        return [OnnxTower("vision_model", _ImageTower(self.model).eval(), {"pixel_values": pixels}, "image_embeds",
-                          {"pixel_values": {0: "batch"}}),
-                OnnxTower("text_model", _TextTower(self.model).eval(),
-                          {"input_ids": self.tokenizer(["a photo of a thing.", "a photo."])}, "text_embeds",
-                          {"input_ids": {0: "batch"}})]
+        return [
+            OnnxTower(
+                "vision_model",
+                _ImageTower(self.model).eval(),
+                {"pixel_values": pixels},
+                "image_embeds",
+                {"pixel_values": {0: "batch"}},
+            ),
+            OnnxTower(
+                "text_model",
+                _TextTower(self.model).eval(),
+                {"input_ids": self.tokenizer(["a photo of a thing.", "a photo."])},
+                "text_embeds",
+                {"input_ids": {0: "batch"}},
+            ),
+        ]
 
     def load_snippet(self, folder: str) -> str:
-        return (f'import open_clip\n'
-                f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{folder}")\n'
-                f'tokenizer = open_clip.get_tokenizer("local-dir:{folder}")')
+        return (
+            f"import open_clip\n"
+            f'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:{folder}")\n'
+            f'tokenizer = open_clip.get_tokenizer("local-dir:{folder}")'
+        )
 
     def save_native(self, folder: Path) -> str:
         import open_clip
 
         # An HF tokenizer is the folder's own, as open_clip loads it; the bundled one ships with open_clip.
-        hf_tokenizer = self.tokenizer.tokenizer if isinstance(self.tokenizer, open_clip.tokenizer.HFTokenizer) else None
+        hf_tokenizer = (
+            self.tokenizer.tokenizer
+            if isinstance(self.tokenizer, open_clip.tokenizer.HFTokenizer)
+            else None
+        )
         write_local_dir(folder, self.model, self.config, hf_tokenizer)
         return "open_clip:local-dir"
 
@@ -233,10 +306,17 @@ def _lora_targets(model) -> dict:
     projection."""
     names = [name for name, _ in model.named_modules()]
     if any(name.startswith("visual.transformer.resblocks.") for name in names):
-        return {"target_modules": [], "target_parameters": sorted(
-            f"{name}.in_proj_weight" for name, module in model.named_modules()
-            if name.startswith("visual.transformer.") and isinstance(module, torch.nn.MultiheadAttention))}
-    if any(name.startswith("visual.trunk.") and name.endswith(".attn.q_proj") for name in names):  # timm
+        return {
+            "target_modules": [],
+            "target_parameters": sorted(
+                f"{name}.in_proj_weight"
+                for name, module in model.named_modules()
+                if name.startswith("visual.transformer.")
+                and isinstance(module, torch.nn.MultiheadAttention)
+            ),
+        }
+    # timm
+    if any(name.startswith("visual.trunk.") and name.endswith(".attn.q_proj") for name in names):
         return {"target_modules": r".*visual\.trunk\..*\.attn\.(q_proj|v_proj)"}
     if any(name.startswith("visual.trunk.") and name.endswith(".attn.proj") for name in names):
         return {"target_modules": r".*visual\.trunk\..*\.attn\.proj"}
@@ -264,20 +344,27 @@ def _tokenizer(rest: str, folder: Path, model_cfg: dict):
     if not text_cfg.get("hf_tokenizer_name"):
         return open_clip.SimpleTokenizer(context_length=context_length)
     if not rest.startswith("local-dir:"):
-        raise ModelError(f"open_clip:{rest}: its text tower reads the tokenizer {text_cfg['hf_tokenizer_name']!r}, "
-                         "which ptc never downloads", "load a folder holding the model and its tokenizer as "
-                         "open_clip:local-dir:FOLDER")
+        raise ModelError(
+            f"open_clip:{rest}: its text tower reads the tokenizer {text_cfg['hf_tokenizer_name']!r}, "
+            "which ptc never downloads",
+            "load a folder holding the model and its tokenizer as open_clip:local-dir:FOLDER",
+        )
     try:
         # trust_remote_code=False overrides any text_cfg.tokenizer_kwargs the config carries.
-        return open_clip.get_tokenizer(f"local-dir:{folder}", context_length=context_length,
-                                       trust_remote_code=False)
+        return open_clip.get_tokenizer(
+            f"local-dir:{folder}", context_length=context_length, trust_remote_code=False
+        )
     except (OSError, ValueError) as exc:
-        raise ModelError(f"open_clip:{rest}: text_cfg names a tokenizer but {folder} holds none that loads: "
-                         f"{exc}".split("\n")[0], "save the tokenizer into the folder (save_pretrained)") from None
+        raise ModelError(
+            f"open_clip:{rest}: text_cfg names a tokenizer but {folder} holds none that loads: "
+            f"{exc}".split("\n")[0],
+            "save the tokenizer into the folder (save_pretrained)",
+        ) from None
 
 
 def _vocab_size(tokenizer) -> int:
-    encoder = getattr(tokenizer, "encoder", None)  # SimpleTokenizer's; an HFTokenizer wraps a transformers one
+    # SimpleTokenizer's; an HFTokenizer wraps a transformers one
+    encoder = getattr(tokenizer, "encoder", None)
     return len(encoder) if encoder is not None else len(tokenizer.tokenizer)
 
 
@@ -297,8 +384,11 @@ def write_local_dir(folder: Path, model, config: dict, hf_tokenizer) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
-              str(folder / WEIGHTS), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items() if "attn_mask" not in k},
+        str(folder / WEIGHTS),
+        metadata={"format": "pt"},
+    )
     (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
     if hf_tokenizer is not None:
         save_tokenizer(hf_tokenizer, folder)

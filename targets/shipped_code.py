@@ -22,8 +22,10 @@ FOREIGN_TOWER_KEYS = ("timm_model_pretrained", "hf_model_pretrained", "hf_model_
 # Weight files that are pickles: loading one runs whatever code it names.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 ADAPTER_WEIGHTS, ADAPTER_PICKLE = "adapter_model.safetensors", "adapter_model.bin"
-REFUSED_HINT = "ptc never runs code shipped with a model; use a checkpoint of a supported family saved with " \
-               "save_pretrained (or open_clip's local-dir layout) and safetensors weights"
+REFUSED_HINT = (
+    "ptc never runs code shipped with a model; use a checkpoint of a supported family saved with "
+    "save_pretrained (or open_clip's local-dir layout) and safetensors weights"
+)
 
 
 def _code_keys(value, path: str = "") -> list[str]:
@@ -55,7 +57,9 @@ def refuse_shipped_code(folder: Path, ref: str) -> None:
             continue
         keys = _code_keys(_read_json(config, ref))
         if keys:
-            raise ModelError(f"{ref}: {config} names custom code ({keys[0]}); refused", REFUSED_HINT)
+            raise ModelError(
+                f"{ref}: {config} names custom code ({keys[0]}); refused", REFUSED_HINT
+            )
 
 
 def refuse_foreign_towers(model_cfg: dict, where: str, ref: str) -> None:
@@ -64,17 +68,24 @@ def refuse_foreign_towers(model_cfg: dict, where: str, ref: str) -> None:
         cfg = model_cfg.get(tower) or {}
         for key in FOREIGN_TOWER_KEYS:
             if cfg.get(key):
-                raise ModelError(f"{ref}: {where}: model_cfg.{tower}.{key} loads a tower from outside the "
-                                 "checkpoint; refused", "ptc loads every weight from the checkpoint file itself")
+                raise ModelError(
+                    f"{ref}: {where}: model_cfg.{tower}.{key} loads a tower from outside the "
+                    "checkpoint; refused",
+                    "ptc loads every weight from the checkpoint file itself",
+                )
     keys = _code_keys(model_cfg)
     if keys:
-        raise ModelError(f"{ref}: {where} names custom code (model_cfg.{keys[0]}); refused", REFUSED_HINT)
+        raise ModelError(
+            f"{ref}: {where} names custom code (model_cfg.{keys[0]}); refused", REFUSED_HINT
+        )
 
 
 def refuse_pickle_file(path: Path, ref: str) -> None:
     if Path(path).suffix.lower() in PICKLE_SUFFIXES:
-        raise ModelError(f"{ref}: {Path(path).name} is a pickle; ptc never unpickles checkpoint files",
-                         "convert it to safetensors on a trusted machine")
+        raise ModelError(
+            f"{ref}: {Path(path).name} is a pickle; ptc never unpickles checkpoint files",
+            "convert it to safetensors on a trusted machine",
+        )
 
 
 def refuse_unsafe_adapter(adapter_dir: Path, ref: str) -> None:
@@ -83,13 +94,21 @@ def refuse_unsafe_adapter(adapter_dir: Path, ref: str) -> None:
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_WEIGHTS).is_file():
         if (adapter_dir / ADAPTER_PICKLE).exists():
-            raise ModelError(f"{ref}: the adapter {adapter_dir} is saved only as a pickle ({ADAPTER_PICKLE}); "
-                             "ptc never unpickles checkpoint files",
-                             "save it with save_pretrained(safe_serialization=True), on a trusted machine")
-        raise ModelError(f"{ref}: the adapter folder {adapter_dir} has no {ADAPTER_WEIGHTS}",
-                         "save the adapter with peft's save_pretrained")
+            raise ModelError(
+                f"{ref}: the adapter {adapter_dir} is saved only as a pickle ({ADAPTER_PICKLE}); "
+                "ptc never unpickles checkpoint files",
+                "save it with save_pretrained(safe_serialization=True), on a trusted machine",
+            )
+        raise ModelError(
+            f"{ref}: the adapter folder {adapter_dir} has no {ADAPTER_WEIGHTS}",
+            "save the adapter with peft's save_pretrained",
+        )
     refuse_shipped_code(adapter_dir, ref)
     config = _read_json(adapter_dir / "adapter_config.json", ref)
-    if isinstance(config, dict) and config.get("megatron_config"):  # peft imports the module it names
-        raise ModelError(f"{ref}: {adapter_dir / 'adapter_config.json'} names a module to import "
-                         "(megatron_config); refused", REFUSED_HINT)
+    # peft imports the module it names
+    if isinstance(config, dict) and config.get("megatron_config"):
+        raise ModelError(
+            f"{ref}: {adapter_dir / 'adapter_config.json'} names a module to import "
+            "(megatron_config); refused",
+            REFUSED_HINT,
+        )

@@ -24,11 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 @dataclass
 class World:
     root: Path
-    tasks: dict[str, Path]        # task name -> task file
-    source: Path                  # tiny CLIP, width 32, d = 16
-    target: Path                  # tiny CLIP, width 48, d = 24
-    adapters: dict[str, Path]     # task -> LoRA adapter folder on the source
-    full_finetune: Path           # source with the colour adapter merged, saved natively
+    tasks: dict[str, Path]  # task name -> task file
+    source: Path  # tiny CLIP, width 32, d = 16
+    target: Path  # tiny CLIP, width 48, d = 24
+    adapters: dict[str, Path]  # task -> LoRA adapter folder on the source
+    full_finetune: Path  # source with the colour adapter merged, saved natively
     bank: Path
 
 
@@ -38,14 +38,20 @@ def clip_pixels(paths, folder):
     from transformers import CLIPImageProcessor
 
     processor = CLIPImageProcessor.from_pretrained(folder)
-    return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")["pixel_values"]
+    return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")[
+        "pixel_values"
+    ]
 
 
 def tree_digest(root: Path, pattern: str = "*") -> dict[str, str]:
     """sha256 of every file under `root` matching `pattern`, by relative path."""
     import hashlib
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(Path(root).rglob(pattern)) if p.is_file()}
+
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(root).rglob(pattern))
+        if p.is_file()
+    }
 
 
 def run_ptc(*args, cwd=None, env=None, in_process=True):
@@ -57,8 +63,14 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
     way a user does, in a subprocess."""
     argv = [str(arg) for arg in args]
     if not in_process or os.environ.get("PTC_TEST_SUBPROCESS") == "1":
-        return subprocess.run([sys.executable, "-m", "ptc.compiler.cli", *argv], cwd=cwd or REPO,
-                              capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "ptc.compiler.cli", *argv],
+            cwd=cwd or REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=600,
+        )
     from click.testing import CliRunner
 
     from ptc.compiler.cli.main import main
@@ -72,17 +84,21 @@ def run_ptc(*args, cwd=None, env=None, in_process=True):
     return subprocess.CompletedProcess(["ptc", *argv], result.exit_code, result.stdout, stderr)
 
 
-def _lora_sources(bank, tasks: dict[str, Path], encoder, folder: Path, steps: int) -> dict[str, Path]:
+def _lora_sources(
+    bank, tasks: dict[str, Path], encoder, folder: Path, steps: int
+) -> dict[str, Path]:
     """Register each task, fine-tune a LoRA source on its train split, add its descriptor as 'src'."""
+    from ptc.compiler.sources.descriptor import add_descriptor
     from ptc.compiler.sources.finetune import finetune_lora
     from ptc.compiler.tasks.grid import load_task
-    from ptc.compiler.sources.descriptor import add_descriptor
 
     adapters = {}
     for name, task_file in tasks.items():
         record, _ = bank.add_task(load_task(task_file))
         adapters[name] = folder / name
-        finetune_lora(encoder, record, task_file.parent / "train", adapters[name], steps=steps, progress=False)
+        finetune_lora(
+            encoder, record, task_file.parent / "train", adapters[name], steps=steps, progress=False
+        )
         add_descriptor(bank, name, encoder.ref, str(adapters[name]), "src", progress=False)
     return adapters
 
@@ -101,8 +117,8 @@ def zoo(tmp_path_factory) -> Path:
 def world(tmp_path_factory) -> World:
     from ptc import targets
     from ptc.compiler.bank.store import Bank
-    from ptc.lab.demo import write_world
     from ptc.compiler.sources.descriptor import add_descriptor
+    from ptc.lab.demo import write_world
     from ptc.lab.tiny.hf_clip import build_tiny
 
     root = tmp_path_factory.mktemp("world")
@@ -120,9 +136,9 @@ def world(tmp_path_factory) -> World:
 
 @dataclass
 class AudioWorld:
-    tasks: dict[str, Path]        # task name -> task file (waveform, pitch)
-    source: Path                  # tiny CLAP, d = 16, one Swin stage of depth 1 (width 16)
-    adapters: dict[str, Path]     # task -> LoRA adapter on the source's audio tower
+    tasks: dict[str, Path]  # task name -> task file (waveform, pitch)
+    source: Path  # tiny CLAP, d = 16, one Swin stage of depth 1 (width 16)
+    adapters: dict[str, Path]  # task -> LoRA adapter on the source's audio tower
     bank: Path
 
 
@@ -142,10 +158,16 @@ def audio_world(tmp_path_factory) -> AudioWorld:
 
 
 def write_recipe(path: Path, world: World, terms=None, **overrides) -> Path:
-    recipe = {"target": f"hf:{world.target}",
-              "terms": terms or [{"task": "colour", "source": "src", "weight": 0.5},
-                                 {"task": "shape", "source": "src", "weight": -1.0}],
-              "bank": str(world.bank), "export": {"out": str(path.parent / "out")}}
+    recipe = {
+        "target": f"hf:{world.target}",
+        "terms": terms
+        or [
+            {"task": "colour", "source": "src", "weight": 0.5},
+            {"task": "shape", "source": "src", "weight": -1.0},
+        ],
+        "bank": str(world.bank),
+        "export": {"out": str(path.parent / "out")},
+    }
     recipe.update(overrides)
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path

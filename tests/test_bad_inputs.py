@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from unittest import mock
 from string import Template
+from unittest import mock
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ CASES = yaml.safe_load((Path(__file__).parent / "bad_inputs" / "cases.yaml").rea
 
 def _png(path: Path, value: int) -> None:
     from PIL import Image
+
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (8, 8), (value, 40, 90)).save(path)
 
@@ -35,17 +36,23 @@ def _copy_descriptor(ctx, new_id: str, **changes) -> None:
 
 
 def _operator_wrong_shape(ctx) -> None:
-    from ptc import targets
     from collections import Counter
-    from ptc.compiler.embed import embed_grid, model_key
+
+    from ptc import targets
     from ptc.compiler.edit.operators import ensure_factors
+    from ptc.compiler.embed import embed_grid, model_key
 
     bank, target = Bank(ctx["copy"]), targets.load(f"hf:{ctx['target']}")
     task, key = bank.task("colour"), model_key(target)
-    ensure_factors(bank, key, target, task, embed_grid(target, task, bank, progress=False), Counter())
+    ensure_factors(
+        bank, key, target, task, embed_grid(target, task, bank, progress=False), Counter()
+    )
     descriptor = bank.descriptor("colour", "src")
-    bank.write_entry(bank.operator_rel(key, task.grid_hash, descriptor.sha256, 1.0),
-                     {"operator": torch.zeros(3, 3)}, {"kind": "operator"})
+    bank.write_entry(
+        bank.operator_rel(key, task.grid_hash, descriptor.sha256, 1.0),
+        {"operator": torch.zeros(3, 3)},
+        {"kind": "operator"},
+    )
 
 
 def _flip_byte(path: Path) -> None:
@@ -56,51 +63,89 @@ def _flip_byte(path: Path) -> None:
 
 SETUPS = {
     "copy": lambda ctx: shutil.copytree(ctx["bank"], ctx["copy"]),
-    "tamper": lambda ctx: _flip_byte(Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"),
-    "truncate": lambda ctx: (Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors").write_bytes(b"\x10\x00"),
-    "task-record-corrupt": lambda ctx: (Path(ctx["copy"]) / "tasks" / "colour.json").write_text("{not json"),
+    "tamper": lambda ctx: _flip_byte(
+        Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"
+    ),
+    "truncate": lambda ctx: (
+        Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"
+    ).write_bytes(b"\x10\x00"),
+    "task-record-corrupt": lambda ctx: (Path(ctx["copy"]) / "tasks" / "colour.json").write_text(
+        "{not json"
+    ),
     "descriptor-other-grid": lambda ctx: _copy_descriptor(ctx, "stale", grid_hash="0" * 64),
     "descriptor-wrong-shape": lambda ctx: _copy_descriptor(
-        ctx, "short", utd=Bank(ctx["copy"]).descriptor("colour", "src").tensors["utd"][:-1]),
-    "descriptor-text-changed": lambda ctx: _copy_descriptor(ctx, "textft", finetuned_text_fingerprint="f" * 64),
-    "descriptor-nan": lambda ctx: _copy_descriptor(ctx, "nan", utd=torch.full((16, 4), float("nan"))),
+        ctx, "short", utd=Bank(ctx["copy"]).descriptor("colour", "src").tensors["utd"][:-1]
+    ),
+    "descriptor-text-changed": lambda ctx: _copy_descriptor(
+        ctx, "textft", finetuned_text_fingerprint="f" * 64
+    ),
+    "descriptor-nan": lambda ctx: _copy_descriptor(
+        ctx, "nan", utd=torch.full((16, 4), float("nan"))
+    ),
     "operator-wrong-shape": _operator_wrong_shape,
     "pickle-model": lambda ctx: _pickle_model(Path(ctx["tmp"]) / "pickled", ctx),
     "no-config-model": lambda ctx: _weights_only(Path(ctx["tmp"]) / "noconfig", config=None),
-    "bert-model": lambda ctx: _weights_only(Path(ctx["tmp"]) / "bert", config='{"model_type": "bert"}'),
-    "probes": lambda ctx: ([_png(Path(ctx["tmp"]) / "probes" / f"{i}.png", 30 * i) for i in range(3)],
-                           (Path(ctx["tmp"]) / "empty").mkdir()),
-    "bad-image": lambda ctx: (Path(ctx["tmp"]) / "probes" / "broken.png").write_bytes(b"not a png at all"),
+    "bert-model": lambda ctx: _weights_only(
+        Path(ctx["tmp"]) / "bert", config='{"model_type": "bert"}'
+    ),
+    "probes": lambda ctx: (
+        [_png(Path(ctx["tmp"]) / "probes" / f"{i}.png", 30 * i) for i in range(3)],
+        (Path(ctx["tmp"]) / "empty").mkdir(),
+    ),
+    "bad-image": lambda ctx: (Path(ctx["tmp"]) / "probes" / "broken.png").write_bytes(
+        b"not a png at all"
+    ),
     "registered": lambda ctx: _register(ctx),
     "change-probe": lambda ctx: _png(Path(ctx["tmp"]) / "probes" / "0.png", 255),
-    "symlink-out": lambda ctx: (Path(ctx["tmp"]) / "link").symlink_to(ctx["outside"], target_is_directory=True),
-    "nonempty-out": lambda ctx: (Path(ctx["tmp"]) / "out").mkdir() or (Path(ctx["tmp"]) / "out" / "keep").write_text("x"),
+    "symlink-out": lambda ctx: (Path(ctx["tmp"]) / "link").symlink_to(
+        ctx["outside"], target_is_directory=True
+    ),
+    "nonempty-out": lambda ctx: (
+        (Path(ctx["tmp"]) / "out").mkdir() or (Path(ctx["tmp"]) / "out" / "keep").write_text("x")
+    ),
     "out-file": lambda ctx: (Path(ctx["tmp"]) / "out").write_text("a file"),
-    "eval-data": lambda ctx: (_png(Path(ctx["tmp"]) / "data" / "red" / "a.png", 1),
-                              _png(Path(ctx["tmp"]) / "data" / "purple" / "b.png", 2)),
+    "eval-data": lambda ctx: (
+        _png(Path(ctx["tmp"]) / "data" / "red" / "a.png", 1),
+        _png(Path(ctx["tmp"]) / "data" / "purple" / "b.png", 2),
+    ),
     "bomb-image": lambda ctx: _png_header(Path(ctx["tmp"]) / "probes" / "bomb.png", 10_000, 10_000),
     "truncated-weights": lambda ctx: _truncated_weights(Path(ctx["tmp"]) / "truncated", ctx),
     "bank-is-file": lambda ctx: (Path(ctx["tmp"]) / "bankfile").write_text("not a bank"),
-    "entry-is-folder": lambda ctx: _entry_as_folder(Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"),
+    "entry-is-folder": lambda ctx: _entry_as_folder(
+        Path(ctx["copy"]) / "descriptors" / "colour" / "src.safetensors"
+    ),
     "pickled-adapter": lambda ctx: _pickled_adapter(Path(ctx["tmp"]) / "pickled-adapter", ctx),
     "big-recipe": lambda ctx: (Path(ctx["tmp"]) / "big.yaml").write_text("# padding\n" * 600_000),
-    "corrupt-report": lambda ctx: ((Path(ctx["tmp"]) / "broken-build").mkdir(),
-                                   (Path(ctx["tmp"]) / "broken-build" / "report.json").write_text("{not json")),
-    "corrupt-lock": lambda ctx: ((Path(ctx["tmp"]) / "broken-build").mkdir(),
-                                 (Path(ctx["tmp"]) / "broken-build" / "terms.safetensors").write_bytes(b"x" * 64),
-                                 (Path(ctx["tmp"]) / "broken-build" / "ptc.lock").write_text("[1, 2")),
-    "not-a-bank": lambda ctx: ((Path(ctx["tmp"]) / "notbank").mkdir(),
-                               (Path(ctx["tmp"]) / "notbank" / ".notes.txt.999999999.x.tmp").write_text("mine")),
+    "corrupt-report": lambda ctx: (
+        (Path(ctx["tmp"]) / "broken-build").mkdir(),
+        (Path(ctx["tmp"]) / "broken-build" / "report.json").write_text("{not json"),
+    ),
+    "corrupt-lock": lambda ctx: (
+        (Path(ctx["tmp"]) / "broken-build").mkdir(),
+        (Path(ctx["tmp"]) / "broken-build" / "terms.safetensors").write_bytes(b"x" * 64),
+        (Path(ctx["tmp"]) / "broken-build" / "ptc.lock").write_text("[1, 2"),
+    ),
+    "not-a-bank": lambda ctx: (
+        (Path(ctx["tmp"]) / "notbank").mkdir(),
+        (Path(ctx["tmp"]) / "notbank" / ".notes.txt.999999999.x.tmp").write_text("mine"),
+    ),
     "missing-target-plan": lambda ctx: (Path(ctx["tmp"]) / "plan.yaml").write_text(
         f"tasks: [{ctx['tmp']}/task.yaml]\nsources: [{{id: a, pre: 'hf:{ctx['source']}', "
-        f"finetuned: {{t: '{ctx['adapter']}'}}}}]\ntargets: ['hf:{ctx['tmp']}/nowhere']\n"),
-    "task-file": lambda ctx: (Path(ctx["tmp"]) / "task.yaml").write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n"),
-    "onnx-only-build": lambda ctx: ((Path(ctx["tmp"]) / "fake-build").mkdir(),
-                                    (Path(ctx["tmp"]) / "fake-build" / "report.json").write_text('{"native_ref": null}')),
+        f"finetuned: {{t: '{ctx['adapter']}'}}}}]\ntargets: ['hf:{ctx['tmp']}/nowhere']\n"
+    ),
+    "task-file": lambda ctx: (Path(ctx["tmp"]) / "task.yaml").write_text(
+        "name: t\nprobes: probes\nclasses: [cat, dog]\n"
+    ),
+    "onnx-only-build": lambda ctx: (
+        (Path(ctx["tmp"]) / "fake-build").mkdir(),
+        (Path(ctx["tmp"]) / "fake-build" / "report.json").write_text('{"native_ref": null}'),
+    ),
 }
 
 
-def _damaged(source, folder: Path, config: str, weights: str, edit_config=None, edit_weights=None) -> None:
+def _damaged(
+    source, folder: Path, config: str, weights: str, edit_config=None, edit_weights=None
+) -> None:
     """A copy of the model or adapter folder `source` with its JSON config and/or its
     safetensors weights changed in place (a user's damaged checkpoint)."""
     import json
@@ -128,11 +173,23 @@ def _open_clip(ctx, name: str, **edits) -> None:
     pristine = Path(ctx["tmp"]) / "open-clip-pristine"
     if not pristine.exists():
         build_tiny(pristine)
-    _damaged(pristine, Path(ctx["tmp"]) / name, "open_clip_config.json", "open_clip_model.safetensors", **edits)
+    _damaged(
+        pristine,
+        Path(ctx["tmp"]) / name,
+        "open_clip_config.json",
+        "open_clip_model.safetensors",
+        **edits,
+    )
 
 
 def _adapter(ctx, name: str, **edits) -> None:
-    _damaged(ctx["adapter"], Path(ctx["tmp"]) / name, "adapter_config.json", "adapter_model.safetensors", **edits)
+    _damaged(
+        ctx["adapter"],
+        Path(ctx["tmp"]) / name,
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        **edits,
+    )
 
 
 def _first(tensors: dict, fragment: str) -> str:
@@ -145,28 +202,59 @@ def _poison(tensors: dict, fragment: str, value: float = float("nan")) -> None:
 
 DAMAGED = {
     # non-finite numbers
-    "hf-nan-finetune": lambda ctx: _hf(ctx, "ft", "full", edit_weights=lambda t: _poison(t, "vision_model.encoder.layers.0.mlp.fc1.weight")),
-    "hf-overflowing-finetune": lambda ctx: _hf(  # finite weights whose forward pass overflows float32
-        ctx, "ft", "full", edit_weights=lambda t: t["visual_projection.weight"].copy_(
-            t["visual_projection.weight"].sign() * 3e38)),
-    "open-clip-inf": lambda ctx: _open_clip(ctx, "oc", edit_weights=lambda t: _poison(t, "visual.proj", float("inf"))),
+    "hf-nan-finetune": lambda ctx: _hf(
+        ctx,
+        "ft",
+        "full",
+        edit_weights=lambda t: _poison(t, "vision_model.encoder.layers.0.mlp.fc1.weight"),
+    ),
+    "hf-overflowing-finetune": lambda ctx: (
+        _hf(  # finite weights whose forward pass overflows float32
+            ctx,
+            "ft",
+            "full",
+            edit_weights=lambda t: t["visual_projection.weight"].copy_(
+                t["visual_projection.weight"].sign() * 3e38
+            ),
+        )
+    ),
+    "open-clip-inf": lambda ctx: _open_clip(
+        ctx, "oc", edit_weights=lambda t: _poison(t, "visual.proj", float("inf"))
+    ),
     "adapter-nan": lambda ctx: _adapter(ctx, "lora", edit_weights=lambda t: _poison(t, "lora_B")),
     # a config that disagrees with its weights
-    "hf-fewer-layers": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=1)),
-    "hf-more-layers": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=3)),
-    "hf-huge-config": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
-        hidden_size=4096, intermediate_size=16384, num_hidden_layers=48)),
-    "hf-resized-weight": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
-        intermediate_size=64)),
-    "open-clip-wider": lambda ctx: _open_clip(ctx, "oc", edit_config=lambda c: c["model_cfg"]["vision_cfg"].update(
-        width=64)),
+    "hf-fewer-layers": lambda ctx: _hf(
+        ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=1)
+    ),
+    "hf-more-layers": lambda ctx: _hf(
+        ctx, "t", edit_config=lambda c: c["vision_config"].update(num_hidden_layers=3)
+    ),
+    "hf-huge-config": lambda ctx: _hf(
+        ctx,
+        "t",
+        edit_config=lambda c: c["vision_config"].update(
+            hidden_size=4096, intermediate_size=16384, num_hidden_layers=48
+        ),
+    ),
+    "hf-resized-weight": lambda ctx: _hf(
+        ctx, "t", edit_config=lambda c: c["vision_config"].update(intermediate_size=64)
+    ),
+    "open-clip-wider": lambda ctx: _open_clip(
+        ctx, "oc", edit_config=lambda c: c["model_cfg"]["vision_cfg"].update(width=64)
+    ),
     "adapter-rank": lambda ctx: _adapter(ctx, "lora", edit_config=lambda c: c.update(r=2 * c["r"])),
     # a library that fails on what the folder says
-    "hf-unknown-activation": lambda ctx: _hf(ctx, "t", edit_config=lambda c: c["vision_config"].update(
-        hidden_act="no_such_activation")),
-    "open-clip-unknown-timm-tower": lambda ctx: _open_clip(ctx, "oc", edit_config=lambda c: c["model_cfg"][
-        "vision_cfg"].update(timm_model_name="no_such_tower")),
-    "adapter-unknown-tuner": lambda ctx: _adapter(ctx, "lora", edit_config=lambda c: c.update(peft_type="NO_SUCH")),
+    "hf-unknown-activation": lambda ctx: _hf(
+        ctx, "t", edit_config=lambda c: c["vision_config"].update(hidden_act="no_such_activation")
+    ),
+    "open-clip-unknown-timm-tower": lambda ctx: _open_clip(
+        ctx,
+        "oc",
+        edit_config=lambda c: c["model_cfg"]["vision_cfg"].update(timm_model_name="no_such_tower"),
+    ),
+    "adapter-unknown-tuner": lambda ctx: _adapter(
+        ctx, "lora", edit_config=lambda c: c.update(peft_type="NO_SUCH")
+    ),
 }
 SETUPS.update(DAMAGED)
 
@@ -175,10 +263,20 @@ def _png_header(path: Path, width: int, height: int) -> None:
     """A PNG whose header claims width x height pixels (a decompression bomb's claim)."""
     import struct
     import zlib
+
     path.parent.mkdir(parents=True, exist_ok=True)
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(  # noqa: E731
-        ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    def chunk(kind, data):
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(  # noqa: E731
+                ">I", zlib.crc32(kind + data) & 0xFFFFFFFF
+            )
+        )
+
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
 
 
@@ -196,6 +294,7 @@ def _entry_as_folder(path: Path) -> None:
 
 def _pickled_adapter(folder: Path, ctx) -> None:
     from safetensors.torch import load_file
+
     shutil.copytree(ctx["adapter"], folder)
     torch.save(load_file(folder / "adapter_model.safetensors"), folder / "adapter_model.bin")
     (folder / "adapter_model.safetensors").unlink()
@@ -209,6 +308,7 @@ def _pickle_model(folder: Path, ctx) -> None:
 
 def _weights_only(folder: Path, config: str | None) -> None:
     from safetensors.torch import save_file
+
     folder.mkdir()
     save_file({"weight": torch.zeros(2)}, folder / "model.safetensors")
     if config:
@@ -217,6 +317,7 @@ def _weights_only(folder: Path, config: str | None) -> None:
 
 def _register(ctx) -> None:
     from ptc.compiler.tasks.grid import load_task
+
     task_file = Path(ctx["tmp"]) / "task.yaml"
     task_file.write_text("name: t\nprobes: probes\nclasses: [cat, dog]\n")
     # decode=False: registered as an older ptc did, which let an undecodable probe in
@@ -225,17 +326,28 @@ def _register(ctx) -> None:
 
 def _snapshot(*roots: Path) -> dict:
     """Every file under the roots with size and mtime; lock files are coordination, not output."""
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
-            for root in roots if root.exists() for p in root.rglob("*")
-            if p.is_file() and ".locks" not in p.parts}
+    return {
+        str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+        for root in roots
+        if root.exists()
+        for p in root.rglob("*")
+        if p.is_file() and ".locks" not in p.parts
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_bad_input(case, world, tmp_path, tmp_path_factory):
-    ctx = {"target": str(world.target), "source": str(world.source), "adapter": str(world.adapters["colour"]),
-           "bank": str(world.bank), "copy": str(tmp_path / "copy"), "tmp": str(tmp_path),
-           "outside": str(tmp_path_factory.mktemp("outside")), "full": str(world.full_finetune),
-           "colour_test": str(world.tasks["colour"].parent / "test")}
+    ctx = {
+        "target": str(world.target),
+        "source": str(world.source),
+        "adapter": str(world.adapters["colour"]),
+        "bank": str(world.bank),
+        "copy": str(tmp_path / "copy"),
+        "tmp": str(tmp_path),
+        "outside": str(tmp_path_factory.mktemp("outside")),
+        "full": str(world.full_finetune),
+        "colour_test": str(world.tasks["colour"].parent / "test"),
+    }
     fill = lambda text: Template(text).substitute(ctx)  # noqa: E731
     for name in case.get("setup", []):
         SETUPS[name](ctx)

@@ -8,17 +8,19 @@ import pytest
 import torch
 import yaml
 
+from conftest import run_ptc
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.sources.bank_plan import load_plan, run_plan
 from ptc.errors import PlanError
-from conftest import run_ptc
 
 
 def _random_adapter(model_ref: str, folder: Path, seed: int) -> str:
     from ptc.compiler.edit.lora import attach_lora
 
-    module = attach_lora(targets.load(model_ref), rank=2, alpha=4, seed=seed, device=torch.device("cpu"))
+    module = attach_lora(
+        targets.load(model_ref), rank=2, alpha=4, seed=seed, device=torch.device("cpu")
+    )
     generator = torch.Generator().manual_seed(seed)
     for parameter in module.parameters():
         if parameter.requires_grad:
@@ -34,21 +36,39 @@ def plan_file(world, tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("plan")
     other = build_tiny(root / "other", width=40, embed_dim=20, seed=5)
-    plan = {"tasks": [str(world.tasks["colour"]), str(world.tasks["shape"])],
-            "sources": [{"id": "a", "pre": f"hf:{world.source}",
-                         "finetuned": {"colour": str(world.adapters["colour"]), "shape": str(world.adapters["shape"])}},
-                        {"id": "b", "pre": f"hf:{other}",
-                         "finetuned": {name: _random_adapter(f"hf:{other}", root / f"b-{name}", seed)
-                                       for seed, name in enumerate(("colour", "shape"))}}],
-            "targets": [f"hf:{world.target}", f"hf:{other}"]}
+    plan = {
+        "tasks": [str(world.tasks["colour"]), str(world.tasks["shape"])],
+        "sources": [
+            {
+                "id": "a",
+                "pre": f"hf:{world.source}",
+                "finetuned": {
+                    "colour": str(world.adapters["colour"]),
+                    "shape": str(world.adapters["shape"]),
+                },
+            },
+            {
+                "id": "b",
+                "pre": f"hf:{other}",
+                "finetuned": {
+                    name: _random_adapter(f"hf:{other}", root / f"b-{name}", seed)
+                    for seed, name in enumerate(("colour", "shape"))
+                },
+            },
+        ],
+        "targets": [f"hf:{world.target}", f"hf:{other}"],
+    }
     path = root / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     return path
 
 
 def _files(bank: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(bank)): p.read_bytes() for p in sorted(bank.rglob("*"))
-            if p.is_file() and ".locks" not in p.parts}
+    return {
+        str(p.relative_to(bank)): p.read_bytes()
+        for p in sorted(bank.rglob("*"))
+        if p.is_file() and ".locks" not in p.parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +82,11 @@ def ray_local():
 def test_in_process_and_ray_give_identical_bank_bytes(plan_file, tmp_path, ray_local, monkeypatch):
     plan = load_plan(plan_file)
     local = run_plan(plan, Bank(tmp_path / "local"), progress=False)
-    assert local["descriptors_computed"] == 4 and local["operators_solved"] == 8 and local["factors_computed"] == 4
+    assert (
+        local["descriptors_computed"] == 4
+        and local["operators_solved"] == 8
+        and local["factors_computed"] == 4
+    )
     on_ray = run_plan(plan, Bank(tmp_path / "ray"), ray_address="local", progress=False)
     assert on_ray == local
     local_files, ray_files = _files(tmp_path / "local"), _files(tmp_path / "ray")
@@ -73,7 +97,9 @@ def test_in_process_and_ray_give_identical_bank_bytes(plan_file, tmp_path, ray_l
     assert sum(again.values()) == 0
 
 
-def test_worker_killed_mid_job_is_retried_without_corrupting_the_bank(plan_file, tmp_path, ray_local, monkeypatch):
+def test_worker_killed_mid_job_is_retried_without_corrupting_the_bank(
+    plan_file, tmp_path, ray_local, monkeypatch
+):
     marker = tmp_path / "crashed-once"
     monkeypatch.setenv("PTC_RAY_CRASH_ONCE", str(marker))
     plan = load_plan(plan_file)
@@ -94,10 +120,15 @@ def test_bank_build_cli_and_plan_errors(plan_file, tmp_path):
     plan = yaml.safe_load(plan_file.read_text())
     plan["sources"][0]["finetuned"]["texture"] = "x"
     bad.write_text(yaml.safe_dump(plan))
-    with pytest.raises(PlanError, match=r"sources\[0\]\.finetuned: task 'texture' is not one of the plan's tasks"):
+    with pytest.raises(
+        PlanError, match=r"sources\[0\]\.finetuned: task 'texture' is not one of the plan's tasks"
+    ):
         load_plan(bad)
     plan["sources"][0]["finetuned"].pop("texture")
     plan["sourcse"] = plan.pop("sources")
     bad.write_text(yaml.safe_dump(plan))
     result = run_ptc("bank", "build", bad, "--bank", tmp_path / "bank2")
-    assert result.returncode == 2 and "unknown key 'sourcse' (did you mean 'sources'?)" in result.stderr
+    assert (
+        result.returncode == 2
+        and "unknown key 'sourcse' (did you mean 'sources'?)" in result.stderr
+    )

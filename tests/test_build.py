@@ -11,11 +11,10 @@ import safetensors.torch
 import torch
 from transformers import CLIPModel
 
+from conftest import clip_pixels, run_ptc, write_recipe
+from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_key
-from conftest import clip_pixels, run_ptc, write_recipe
-
-from ptc import targets
 
 
 def _edit_operator(world, report):
@@ -24,7 +23,9 @@ def _edit_operator(world, report):
     key = model_key(targets.load(f"hf:{world.target}"))
     total = torch.zeros(24, 24, dtype=torch.float64)
     for term in report["terms"]:
-        entry = bank.read_entry(bank.operator_rel(key, term["grid_hash"], term["descriptor_sha256"], 1.0))
+        entry = bank.read_entry(
+            bank.operator_rel(key, term["grid_hash"], term["descriptor_sha256"], 1.0)
+        )
         assert entry.sha256 == term["operator_sha256"]
         total += term["weight"] * entry.tensors["operator"].double()
     return total
@@ -32,9 +33,18 @@ def _edit_operator(world, report):
 
 def test_build_writes_the_output_contract(built):
     out, result = built
-    for name in ("model/config.json", "model/model.safetensors", "model/tokenizer.json",
-                 "model/preprocessor_config.json", "onnx/vision_model.onnx", "onnx/text_model.onnx",
-                 "report.json", "recipe.yaml", "ptc.lock", "README.md"):
+    for name in (
+        "model/config.json",
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "model/preprocessor_config.json",
+        "onnx/vision_model.onnx",
+        "onnx/text_model.onnx",
+        "report.json",
+        "recipe.yaml",
+        "ptc.lock",
+        "README.md",
+    ):
         assert (out / name).is_file(), name
     report = json.loads((out / "report.json").read_text())
     verify = report["verify"]
@@ -42,8 +52,11 @@ def test_build_writes_the_output_contract(built):
     assert verify["linearity"]["max_rel_diff_fp32"] <= 1e-6
     for figure in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff"):
         assert verify["equivalence"][figure] <= 1e-5
-    run = json.loads((out / "run.json").read_text())  # this run's record, apart from the reproducible report
-    assert {"load", "embed", "solve", "fold", "export_onnx"} <= set(run["timings"]) and "timings" not in report
+    # this run's record, apart from the reproducible report
+    run = json.loads((out / "run.json").read_text())
+    assert {"load", "embed", "solve", "fold", "export_onnx"} <= set(
+        run["timings"]
+    ) and "timings" not in report
     assert [t["task"] for t in report["terms"]] == ["colour", "shape"]
     assert (out / "recipe.yaml").read_bytes() == (out.parent / "recipe.yaml").read_bytes()
     assert "linearity fp64" in result.stdout
@@ -84,7 +97,9 @@ def test_saved_model_is_the_base_with_the_folded_edit(world, built):
 def test_onnx_towers_match_torch_at_any_batch(world, built):
     out, _ = built
     edited = CLIPModel.from_pretrained(out / "model").eval()
-    vision = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
+    vision = ort.InferenceSession(
+        str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"]
+    )
     assert [i.name for i in vision.get_inputs()] == ["pixel_values"]
     assert [o.name for o in vision.get_outputs()] == ["image_embeds"]
     probes = sorted((world.tasks["shape"].parent / "test").rglob("*.png"))
@@ -94,12 +109,21 @@ def test_onnx_towers_match_torch_at_any_batch(world, built):
         with torch.no_grad():
             want = edited.get_image_features(pixel_values=pixels).pooler_output.numpy()
         assert got.shape == (count, 24) and np.abs(got - want).max() < 1e-5
-    text = ort.InferenceSession(str(out / "onnx" / "text_model.onnx"), providers=["CPUExecutionProvider"])
+    text = ort.InferenceSession(
+        str(out / "onnx" / "text_model.onnx"), providers=["CPUExecutionProvider"]
+    )
     from transformers import AutoTokenizer
-    tokens = AutoTokenizer.from_pretrained(out / "model")(["a red thing.", "a photo of a circle shape.", "x"],
-                                                            padding=True, return_tensors="pt")
-    (got,) = text.run(None, {"input_ids": tokens["input_ids"].numpy(),
-                             "attention_mask": tokens["attention_mask"].numpy()})
+
+    tokens = AutoTokenizer.from_pretrained(out / "model")(
+        ["a red thing.", "a photo of a circle shape.", "x"], padding=True, return_tensors="pt"
+    )
+    (got,) = text.run(
+        None,
+        {
+            "input_ids": tokens["input_ids"].numpy(),
+            "attention_mask": tokens["attention_mask"].numpy(),
+        },
+    )
     with torch.no_grad():
         want = edited.get_text_features(**tokens).pooler_output.numpy()
     assert np.abs(got - want).max() < 1e-5
@@ -112,10 +136,17 @@ def test_warm_rebuild_runs_no_forward_pass_and_is_reproducible(world, built, tmp
     assert result.returncode == 0, result.stderr
     again = json.loads((tmp_path / "out" / "report.json").read_text())
     cache = json.loads((tmp_path / "out" / "run.json").read_text())["cache"]
-    assert cache == {"embeddings_computed": 0, "factors_computed": 0, "operators_solved": 0,
-                     "onnx_towers_patched": 1, "onnx_towers_reused": 1}  # the base towers were exported before
+    assert cache == {
+        "embeddings_computed": 0,
+        "factors_computed": 0,
+        "operators_solved": 0,
+        "onnx_towers_patched": 1,
+        "onnx_towers_reused": 1,
+    }  # the base towers were exported before
     first = json.loads((out / "report.json").read_text())
-    assert [t["operator_sha256"] for t in again["terms"]] == [t["operator_sha256"] for t in first["terms"]]
+    assert [t["operator_sha256"] for t in again["terms"]] == [
+        t["operator_sha256"] for t in first["terms"]
+    ]
     a = safetensors.torch.load_file(out / "model" / "model.safetensors")
     b = safetensors.torch.load_file(tmp_path / "out" / "model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -125,25 +156,38 @@ def test_eval_reads_a_build_output_and_a_reference(world, built):
     out, _ = built
     test_dir = world.tasks["colour"].parent / "test"
     for model in (str(out), f"hf:{world.target}"):
-        result = run_ptc("eval", model, "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json")
+        result = run_ptc(
+            "eval", model, "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json"
+        )
         assert result.returncode == 0, result.stderr
         figures = json.loads(result.stdout)
         assert figures["total"] == 24 and 0 <= figures["accuracy"] <= 1
     # Independent zero-shot accuracy of the edited model with transformers alone.
     from transformers import AutoTokenizer
+
     model = CLIPModel.from_pretrained(out / "model").eval()
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     task = Bank(world.bank).task("colour")
     with torch.no_grad():
-        text = model.get_text_features(**tokenizer(task.prompts, padding=True, return_tensors="pt")).pooler_output
-        text = torch.nn.functional.normalize(text, dim=-1).reshape(len(task.classes), len(task.templates), -1).mean(1)
+        text = model.get_text_features(
+            **tokenizer(task.prompts, padding=True, return_tensors="pt")
+        ).pooler_output
+        text = (
+            torch.nn.functional.normalize(text, dim=-1)
+            .reshape(len(task.classes), len(task.templates), -1)
+            .mean(1)
+        )
         text = torch.nn.functional.normalize(text, dim=-1)
         files = [(f, task.classes.index(f.parent.name)) for f in sorted(test_dir.rglob("*.png"))]
         pixels = clip_pixels([f for f, _ in files], out / "model")
-        image = torch.nn.functional.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)
+        image = torch.nn.functional.normalize(
+            model.get_image_features(pixel_values=pixels).pooler_output, dim=-1
+        )
     predicted = (image @ text.T).argmax(1)
     accuracy = float((predicted == torch.tensor([c for _, c in files])).float().mean())
-    result = run_ptc("eval", str(out), "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json")
+    result = run_ptc(
+        "eval", str(out), "--task", "colour", "--data", test_dir, "--bank", world.bank, "--json"
+    )
     assert json.loads(result.stdout)["accuracy"] == pytest.approx(accuracy, abs=1e-9)
 
 
@@ -172,11 +216,16 @@ def test_the_onnx_export_prints_no_exporter_chatter(tmp_path):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", EXPORT_SIGLIP, str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", EXPORT_SIGLIP, str(tmp_path)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "vision_model.onnx.data").is_file()
     for chatter in ("Skipping constant folding", "[torch.onnx]", "Translate the graph"):
-        assert chatter not in result.stderr and chatter not in result.stdout, (chatter, result.stderr)
+        assert chatter not in result.stderr and chatter not in result.stdout, (
+            chatter,
+            result.stderr,
+        )
 
 
 def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, built, tmp_path):
@@ -187,11 +236,14 @@ def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, bu
 
     _, result = built  # the session's cold build: it embedded the target's grids
     done = [line for line in result.stderr.splitlines() if line.endswith(" done")]
-    assert any(re.fullmatch(r"embed colour: (\d+)/\1 batches, \d+\.\d s done", line) for line in done), result.stderr
+    assert any(
+        re.fullmatch(r"embed colour: (\d+)/\1 batches, \d+\.\d s done", line) for line in done
+    ), result.stderr
     assert "\r" not in result.stderr
     assert result.stdout.splitlines()[-2].startswith("built ")  # then the lock's line
     bank = tmp_path / "bank"
     import shutil
+
     shutil.copytree(world.bank, bank)
     shutil.rmtree(bank / "embeddings")  # cold again: every grid is embedded
     recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank))
@@ -203,6 +255,11 @@ def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, bu
     assert verbose.returncode == 0 and "embed colour:" in verbose.stderr
     assert re.search(r"^stages: .*embed \d+\.\d\ds", verbose.stdout, re.M), verbose.stdout
     as_json = json.loads(run_ptc("build", recipe, "--no-export", "-q", "--json").stdout)
-    assert as_json["out"] is None and as_json["report"]["verify"]["linearity"]["max_rel_diff_fp64"] < 1e-12
+    assert (
+        as_json["out"] is None
+        and as_json["report"]["verify"]["linearity"]["max_rel_diff_fp64"] < 1e-12
+    )
     both = run_ptc("build", recipe, "-q", "-v")
-    assert both.returncode == 2 and both.stderr.startswith("ptc: error: -q and -v: give one or the other")
+    assert both.returncode == 2 and both.stderr.startswith(
+        "ptc: error: -q and -v: give one or the other"
+    )

@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from ptc.compiler.bank.store import Bank
 from conftest import run_ptc, write_recipe
+from ptc.compiler.bank.store import Bank
 
 
 def _one_line_error(result, code, *fragments):
@@ -28,33 +28,63 @@ def test_check_resolves_a_good_recipe_without_building(world, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("terms,fragments", [
-    ([{"task": "colour", "source": "src", "wieght": 0.5}], ["recipe.yaml:", "terms[0].wieght", "did you mean 'weight'"]),
-    ([{"task": "texture", "source": "src", "weight": 0.5}], ["terms[0]: task 'texture' is not registered", "register it with `ptc task add"]),
-    ([{"task": "colour", "source": "srcc", "weight": 0.5}], ["terms[0]: no descriptor 'srcc' for task 'colour'", "did you mean 'src'"]),
-])
+@pytest.mark.parametrize(
+    "terms,fragments",
+    [
+        (
+            [{"task": "colour", "source": "src", "wieght": 0.5}],
+            ["recipe.yaml:", "terms[0].wieght", "did you mean 'weight'"],
+        ),
+        (
+            [{"task": "texture", "source": "src", "weight": 0.5}],
+            ["terms[0]: task 'texture' is not registered", "register it with `ptc task add"],
+        ),
+        (
+            [{"task": "colour", "source": "srcc", "weight": 0.5}],
+            ["terms[0]: no descriptor 'srcc' for task 'colour'", "did you mean 'src'"],
+        ),
+    ],
+)
 def test_check_catches_bad_terms_in_one_line(world, tmp_path, terms, fragments):
     result = run_ptc("check", write_recipe(tmp_path / "recipe.yaml", world, terms=terms))
     _one_line_error(result, 2, *fragments)
 
 
 def test_an_unknown_evaluation_task_names_its_line_and_the_task_it_may_have_meant(world, tmp_path):
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, evaluate={"colour": str(world.tasks["colour"].parent / "test"),
-                                                                      "shapes": str(world.tasks["shape"].parent / "test")})
-    line = next(i for i, text in enumerate(recipe.read_text().splitlines(), 1) if text.strip().startswith("shapes:"))
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        world,
+        evaluate={
+            "colour": str(world.tasks["colour"].parent / "test"),
+            "shapes": str(world.tasks["shape"].parent / "test"),
+        },
+    )
+    line = next(
+        i
+        for i, text in enumerate(recipe.read_text().splitlines(), 1)
+        if text.strip().startswith("shapes:")
+    )
     result = run_ptc("check", recipe)
-    _one_line_error(result, 2, f"recipe.yaml:{line}: evaluate.shapes: task 'shapes' is not registered",
-                    "did you mean 'shape'?")
+    _one_line_error(
+        result,
+        2,
+        f"recipe.yaml:{line}: evaluate.shapes: task 'shapes' is not registered",
+        "did you mean 'shape'?",
+    )
 
 
 def test_debug_shows_the_traceback(world, tmp_path):
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, terms=[{"task": "texture", "source": "src", "weight": 1.0}])
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", world, terms=[{"task": "texture", "source": "src", "weight": 1.0}]
+    )
     result = run_ptc("--debug", "check", recipe)
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_missing_target_says_where_it_looked(world, tmp_path):
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, target=f"hf:{tmp_path / 'no-such-model'}")
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", world, target=f"hf:{tmp_path / 'no-such-model'}"
+    )
     _one_line_error(run_ptc("check", recipe), 2, "target: hf:", "looked at", "Hugging Face cache")
     recipe = write_recipe(tmp_path / "recipe.yaml", world, target=str(world.target))
     _one_line_error(run_ptc("check", recipe), 2, "no known scheme", f"hf:{world.target}")
@@ -94,12 +124,28 @@ def test_changed_probes_are_caught_before_loading(world, tmp_path):
     assert run_ptc("task", "add", task_dir / "task.yaml", "--bank", bank).returncode == 0
     first = next((task_dir / "probes").iterdir())
     first.write_bytes(next((world.tasks["shape"].parent / "probes").iterdir()).read_bytes())
-    result = run_ptc("descriptor", "add", "--task", "colour2", "--source", f"hf:{world.source}",
-                     "--finetuned", world.adapters["colour"], "--bank", bank)
+    result = run_ptc(
+        "descriptor",
+        "add",
+        "--task",
+        "colour2",
+        "--source",
+        f"hf:{world.source}",
+        "--finetuned",
+        world.adapters["colour"],
+        "--bank",
+        bank,
+    )
     _one_line_error(result, 2, "probe files changed since it was registered", "--replace")
-    _one_line_error(run_ptc("task", "add", task_dir / "task.yaml", "--bank", bank), 2,
-                    "already registered with another grid", "--replace")
-    assert run_ptc("task", "add", task_dir / "task.yaml", "--bank", bank, "--replace").returncode == 0
+    _one_line_error(
+        run_ptc("task", "add", task_dir / "task.yaml", "--bank", bank),
+        2,
+        "already registered with another grid",
+        "--replace",
+    )
+    assert (
+        run_ptc("task", "add", task_dir / "task.yaml", "--bank", bank, "--replace").returncode == 0
+    )
 
 
 def test_finetune_that_touches_the_text_tower_is_refused(world, bank_copy, tmp_path):
@@ -110,8 +156,20 @@ def test_finetune_that_touches_the_text_tower_is_refused(world, bank_copy, tmp_p
     # init_lora_weights=False: a fresh LoRA is otherwise a no-op, and this one must change weights.
     config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(model, config).save_pretrained(tmp_path / "both-towers")
-    result = run_ptc("descriptor", "add", "--task", "colour", "--source", f"hf:{world.source}",
-                     "--finetuned", tmp_path / "both-towers", "--id", "both", "--bank", bank_copy)
+    result = run_ptc(
+        "descriptor",
+        "add",
+        "--task",
+        "colour",
+        "--source",
+        f"hf:{world.source}",
+        "--finetuned",
+        tmp_path / "both-towers",
+        "--id",
+        "both",
+        "--bank",
+        bank_copy,
+    )
     _one_line_error(result, 2, "changed the text tower", "frozen text tower")
     assert Bank(bank_copy).descriptor_ids("colour") == ["full", "src"]
 
@@ -134,7 +192,9 @@ def test_bank_location_precedence(world, tmp_path):
     recipe = write_recipe(tmp_path / "recipe.yaml", world)
     env = {"PTC_BANK": str(tmp_path / "env-bank")}
     assert f"bank {world.bank}" in run_ptc("check", recipe, env=env).stdout
-    _one_line_error(run_ptc("check", recipe, "--bank", tmp_path / "empty", env=env), 2, "not registered")
+    _one_line_error(
+        run_ptc("check", recipe, "--bank", tmp_path / "empty", env=env), 2, "not registered"
+    )
     listing = run_ptc("task", "list", env={"PTC_BANK": str(world.bank)})
     assert listing.returncode == 0 and "colour" in listing.stdout and "full, src" in listing.stdout
 

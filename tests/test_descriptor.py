@@ -10,7 +10,7 @@ def test_class_embeddings_average_normalised_templates():
     prompts = torch.randn(3 * 4, 8, generator=g, dtype=torch.float64)  # 3 classes x 4 templates
     rows = class_embeddings(prompts, 3)
     for c in range(3):
-        block = prompts[4 * c:4 * c + 4]
+        block = prompts[4 * c : 4 * c + 4]
         mean = (block / block.norm(dim=1, keepdim=True)).mean(0)
         assert torch.allclose(rows[c], mean / mean.norm())
 

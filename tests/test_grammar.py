@@ -7,14 +7,24 @@ from __future__ import annotations
 import click
 import pytest
 
-from ptc.compiler.cli.main import main
-from ptc.compiler.cli.flags import flags
-from ptc.lab.cli import LAB_FLAGS
 from conftest import REPO, run_ptc
+from ptc.compiler.cli.flags import flags
+from ptc.compiler.cli.main import main
+from ptc.lab.cli import LAB_FLAGS
 
 BUILT_IN = {"--help", "--version"}
 # Commands that print results, and so print them as JSON on request.
-RESULTS = {"task list", "check", "build", "verify", "diff", "certify", "eval", "bank show", "zoo show"}
+RESULTS = {
+    "task list",
+    "check",
+    "build",
+    "verify",
+    "diff",
+    "certify",
+    "eval",
+    "bank show",
+    "zoo show",
+}
 
 
 def _commands(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()):
@@ -60,7 +70,9 @@ def test_every_command_takes_the_common_flags_and_results_print_as_json():
             assert "--json" in names, path
     assert run_ptc("bank", "show", "-h").stdout.startswith("Usage: ptc bank show")
     # A model is a --source where a command takes a source model: never --model.
-    assert "--source" in {_long(p) for p in commands["finetune"].params if isinstance(p, click.Option)}
+    assert "--source" in {
+        _long(p) for p in commands["finetune"].params if isinstance(p, click.Option)
+    }
 
 
 def test_the_readme_grammar_table_lists_every_product_flag_with_its_help():

@@ -15,25 +15,39 @@ import pytest
 from conftest import REPO, write_recipe
 
 PRODUCT = ("ptc", "compiler", "targets")  # folders of the product (ptc, ptc.compiler, ptc.targets)
-LAB = ("lab", "benchmarks")               # folders of the lab (ptc.lab, ptc.lab.benchmarks)
+LAB = ("lab", "benchmarks")  # folders of the lab (ptc.lab, ptc.lab.benchmarks)
 
 
-def _python(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})}, cwd=cwd or REPO)
+def _python(
+    *args: str, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or REPO,
+    )
 
 
 def test_importing_the_product_cli_imports_nothing_of_the_lab():
     result = _python("-X", "importtime", "-c", "import ptc.compiler.cli.main")
     assert result.returncode == 0, result.stderr
-    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    imported = [
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line
+    ]
     assert "ptc.compiler.cli.main" in imported
-    assert [name for name in imported if name.startswith("ptc.lab") or name in ("sklearn", "matplotlib")] == []
+    assert [
+        name for name in imported if name.startswith("ptc.lab") or name in ("sklearn", "matplotlib")
+    ] == []
 
 
 def _imports(path: Path) -> list[str]:
     """Absolute module names a file imports (relative imports resolved against its package)."""
-    package = {"ptc": "ptc", "compiler": "ptc.compiler", "targets": "ptc.targets"}[path.relative_to(REPO).parts[0]]
+    package = {"ptc": "ptc", "compiler": "ptc.compiler", "targets": "ptc.targets"}[
+        path.relative_to(REPO).parts[0]
+    ]
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -46,29 +60,47 @@ def _imports(path: Path) -> list[str]:
 
 
 def test_no_product_module_imports_the_lab_or_the_compiler_from_targets():
-    files = [p for folder in PRODUCT for p in (REPO / folder).rglob("*.py")]
+    files = _product_files()
     assert len(files) > 30
-    lab = {str(p.relative_to(REPO)): [n for n in _imports(p) if n.startswith(("ptc.lab", "benchmarks"))]
-           for p in files}
+    lab = {
+        str(p.relative_to(REPO)): [
+            n for n in _imports(p) if n.startswith(("ptc.lab", "benchmarks"))
+        ]
+        for p in files
+    }
     assert {k: v for k, v in lab.items() if v} == {}
     # targets is below the compiler: it may use ptc's shared errors and hashing, never the compiler
-    upward = {str(p.relative_to(REPO)): [n for n in _imports(p) if n.startswith("ptc.compiler")]
-              for p in (REPO / "targets").rglob("*.py")}
+    upward = {
+        str(p.relative_to(REPO)): [n for n in _imports(p) if n.startswith("ptc.compiler")]
+        for p in (REPO / "targets").rglob("*.py")
+    }
     assert {k: v for k, v in upward.items() if v} == {}
 
 
-def test_no_function_in_the_product_is_longer_than_60_lines():
+def _product_files() -> list[Path]:
+    """Every product file once: ptc/'s links to compiler/ and targets/ are walked as folders."""
+    core = [p for p in (REPO / "ptc").glob("*.py")]
+    return core + [p for folder in PRODUCT[1:] for p in (REPO / folder).rglob("*.py")]
+
+
+def test_no_function_in_the_product_has_more_than_45_statements():
+    """A function fits on one screen. Counted in statements, not lines: the formatter wraps a
+    long call over as many lines as it has arguments."""
     long = []
-    for path in (p for folder in PRODUCT for p in (REPO / folder).rglob("*.py")):
+    for path in _product_files():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
-                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                statements = {n.lineno for n in ast.walk(node) if isinstance(n, ast.stmt)}
+                if len(statements) > 45:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
     assert long == []
 
 
 def test_without_the_lab_ptc_shows_the_product_only():
-    script = ("import ptc.lab.plugin as plugin; plugin.installed = lambda: False\n"
-              "from ptc.compiler.cli.main import main; main(['--help'])\n")
+    script = (
+        "import ptc.lab.plugin as plugin; plugin.installed = lambda: False\n"
+        "from ptc.compiler.cli.main import main; main(['--help'])\n"
+    )
     result = _python("-c", script)
     assert result.returncode == 0, result.stderr
     assert "build" in result.stdout and "zoo" not in result.stdout and "paper" not in result.stdout
@@ -92,26 +124,50 @@ def wheel(tmp_path_factory) -> Path:
     """The product's wheel, built from the repository and installed (without dependencies: this
     environment has them) into a folder of its own."""
     root = tmp_path_factory.mktemp("wheel")
-    built = _python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"), str(REPO))
+    built = _python(
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(root / "dist"),
+        str(REPO),
+    )
     assert built.returncode == 0, built.stderr
     (path,) = (root / "dist").glob("ptc-*.whl")
-    installed = _python("-m", "pip", "install", "--no-deps", "-q", "--target", str(root / "site"), str(path))
+    installed = _python(
+        "-m", "pip", "install", "--no-deps", "-q", "--target", str(root / "site"), str(path)
+    )
     assert installed.returncode == 0, installed.stderr
     return root / "site"
 
 
 def test_a_wheel_installs_and_builds_a_recipe_with_local_models(wheel, world, tmp_path):
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, export={"out": "out", "formats": ["safetensors"]})
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", world, export={"out": "out", "formats": ["safetensors"]}
+    )
     env = {"PYTHONPATH": str(wheel)}
-    where = _python("-c", "import ptc.compiler.cli.main, ptc.targets; print(ptc.compiler.cli.main.__file__)",
-                    env=env, cwd=tmp_path)
-    assert where.stdout.strip().startswith(str(wheel)), where.stdout  # the wheel's copy, not the checkout
+    where = _python(
+        "-c",
+        "import ptc.compiler.cli.main, ptc.targets; print(ptc.compiler.cli.main.__file__)",
+        env=env,
+        cwd=tmp_path,
+    )
+    # the wheel's copy, not the checkout
+    assert where.stdout.strip().startswith(str(wheel)), where.stdout
     result = _python("-m", "ptc.compiler.cli", "build", str(recipe), env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["verify"]["equivalence"]["reload_max_abs_diff"] <= 1e-5
     names = {p.relative_to(wheel).parts[0] for p in wheel.iterdir()}
-    assert "ptc" in names and not names & {"compiler", "targets", "benchmarks", "lab"}  # one namespace
+    assert "ptc" in names and not names & {
+        "compiler",
+        "targets",
+        "benchmarks",
+        "lab",
+    }  # one namespace
 
 
 def _commands(group, prefix="ptc"):
@@ -140,13 +196,19 @@ def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it
             for flag in set(param.opts) & set(defined):
                 assert param.help == defined[flag], (path, flag)
                 seen.append((path, flag))
-    assert {"ptc build", "ptc task add", "ptc descriptor add", "ptc bank verify"} <= {p for p, _ in seen}
+    assert {"ptc build", "ptc task add", "ptc descriptor add", "ptc bank verify"} <= {
+        p for p, _ in seen
+    }
     assert ("ptc build", "--batch-size") in seen and ("ptc finetune", "--force") in seen
 
 
 def test_listing_a_banks_tasks_imports_no_torch(world):
     """`ptc task list` reads JSON records only: it once took 2 s and 660 MB importing torch."""
-    result = _python("-X", "importtime", "-m", "ptc.compiler.cli", "task", "list", "--bank", str(world.bank))
+    result = _python(
+        "-X", "importtime", "-m", "ptc.compiler.cli", "task", "list", "--bank", str(world.bank)
+    )
     assert result.returncode == 0 and "colour" in result.stdout, result.stderr
-    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line
+    }
     assert "torch" not in imported and "ptc.compiler.bank.store" in imported

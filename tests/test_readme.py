@@ -31,14 +31,24 @@ def test_the_worked_example_runs_as_written(tmp_path):
         shutil.copytree(REPO / part, tmp_path / part)
     for task in ("shape", "background"):
         for part in ("probes", "test"):
-            shutil.copytree(REPO / "zoo/world/tasks" / task / part, tmp_path / "zoo/world/tasks" / task / part)
-        shutil.copy(REPO / "zoo/world/tasks" / task / "task.yaml", tmp_path / "zoo/world/tasks" / task)
+            shutil.copytree(
+                REPO / "zoo/world/tasks" / task / part, tmp_path / "zoo/world/tasks" / task / part
+            )
+        shutil.copy(
+            REPO / "zoo/world/tasks" / task / "task.yaml", tmp_path / "zoo/world/tasks" / task
+        )
     (tmp_path / "recipes").mkdir()
     for name in ("example.sh", "example.yaml"):
         shutil.copy(REPO / "recipes" / name, tmp_path / "recipes")
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    result = subprocess.run(["bash", "recipes/example.sh"], cwd=tmp_path, capture_output=True, text=True,
-                            env={**os.environ, "PATH": path}, timeout=900)
+    result = subprocess.run(
+        ["bash", "recipes/example.sh"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     assert "ok" in out and any(line.startswith("built ") for line in out)
@@ -47,4 +57,6 @@ def test_the_worked_example_runs_as_written(tmp_path):
     edited, unedited = [line for line in out if line.startswith("shape: top-1 ")]
     assert edited.startswith(f"shape: top-1 {shape['after']:.4f} ")
     assert unedited.startswith(f"shape: top-1 {shape['before']:.4f} ")
-    assert (tmp_path / "recipes/example.lock").is_file() and (tmp_path / "example-bank/bank.json").is_file()
+    assert (tmp_path / "recipes/example.lock").is_file() and (
+        tmp_path / "example-bank/bank.json"
+    ).is_file()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO, write_recipe
 from ptc.compiler.bank.store import Bank
 from ptc.files import remove_stale_staging
-from conftest import REPO, write_recipe
 
 # -- forbidden calls ------------------------------------------------------------------------------
 SAFE_YAML_LOADERS = {"_StrictLoader", "SafeLoader", "yaml.SafeLoader", "CSafeLoader"}
@@ -37,22 +37,43 @@ def forbidden_calls(source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            found += [f"import {m}" for m in modules if m.split(".")[0] in {"pickle", "cPickle", "dill", "marshal", "shelve"}]
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            found += [
+                f"import {m}"
+                for m in modules
+                if m.split(".")[0] in {"pickle", "cPickle", "dill", "marshal", "shelve"}
+            ]
         if not isinstance(node, ast.Call):
             continue
         name, keywords = _name(node.func), {k.arg: k.value for k in node.keywords}
         if name in {"eval", "exec", "compile", "__import__"}:
             found.append(name)
-        if name in {"torch.load", "th.load"} and not (isinstance(keywords.get("weights_only"), ast.Constant)
-                                                and keywords["weights_only"].value is True):
+        if name in {"torch.load", "th.load"} and not (
+            isinstance(keywords.get("weights_only"), ast.Constant)
+            and keywords["weights_only"].value is True
+        ):
             found.append("torch.load without weights_only=True")
-        if name in {"yaml.load", "yaml.load_all"} and _name(keywords.get("Loader", ast.Name("?"))) not in SAFE_YAML_LOADERS:
+        if (
+            name in {"yaml.load", "yaml.load_all"}
+            and _name(keywords.get("Loader", ast.Name("?"))) not in SAFE_YAML_LOADERS
+        ):
             found.append("yaml.load with an unsafe Loader")
-        if name in {"yaml.unsafe_load", "yaml.full_load", "yaml.unsafe_load_all", "yaml.full_load_all"}:
+        if name in {
+            "yaml.unsafe_load",
+            "yaml.full_load",
+            "yaml.unsafe_load_all",
+            "yaml.full_load_all",
+        }:
             found.append(name)
-        if name in {"numpy.load", "np.load"} and isinstance(keywords.get("allow_pickle"), ast.Constant) \
-                and keywords["allow_pickle"].value:
+        if (
+            name in {"numpy.load", "np.load"}
+            and isinstance(keywords.get("allow_pickle"), ast.Constant)
+            and keywords["allow_pickle"].value
+        ):
             found.append("np.load(allow_pickle=True)")
         trust = keywords.get("trust_remote_code")
         if trust is not None and not (isinstance(trust, ast.Constant) and trust.value is False):
@@ -61,27 +82,47 @@ def forbidden_calls(source: str) -> list[str]:
 
 
 def test_scanner_catches_planted_calls():
-    planted = ("import pickle\nimport torch, yaml\ntorch.load('x')\nyaml.load(s, Loader=yaml.Loader)\n"
-               "eval('1')\nAutoModel.from_pretrained(p, trust_remote_code=True)\nyaml.full_load(s)\n")
+    planted = (
+        "import pickle\nimport torch, yaml\ntorch.load('x')\nyaml.load(s, Loader=yaml.Loader)\n"
+        "eval('1')\nAutoModel.from_pretrained(p, trust_remote_code=True)\nyaml.full_load(s)\n"
+    )
     assert len(forbidden_calls(planted)) == 6
-    assert forbidden_calls("torch.load('x', weights_only=True)\nmodel.eval()\nyaml.load(t, Loader=_StrictLoader)\n") == []
+    assert (
+        forbidden_calls(
+            "torch.load('x', weights_only=True)\nmodel.eval()\nyaml.load(t, Loader=_StrictLoader)\n"
+        )
+        == []
+    )
 
 
 def test_no_code_execution_on_load_anywhere():
-    files = [p for folder in ("ptc", "compiler", "targets", "lab", "benchmarks") for p in (REPO / folder).rglob("*.py")]
+    files = [
+        p
+        for folder in ("ptc", "compiler", "targets", "lab", "benchmarks")
+        for p in (REPO / folder).rglob("*.py")
+    ]
     assert len(files) > 20
-    problems = {str(p.relative_to(REPO)): calls for p in files if (calls := forbidden_calls(p.read_text()))}
+    problems = {
+        str(p.relative_to(REPO)): calls for p in files if (calls := forbidden_calls(p.read_text()))
+    }
     assert problems == {}
-    from ptc import strict_yaml as yamlio
     import yaml
+
+    from ptc import strict_yaml as yamlio
+
     assert issubclass(yamlio._StrictLoader, yaml.SafeLoader)
 
 
 # -- crash safety ---------------------------------------------------------------------------------
 def _complete(out: Path) -> bool:
     lock = json.loads((out / "ptc.lock").read_text())
-    return all(hashlib.sha256((out / n).read_bytes()).hexdigest() == sha for n, sha in lock["outputs"].items()) \
+    return (
+        all(
+            hashlib.sha256((out / n).read_bytes()).hexdigest() == sha
+            for n, sha in lock["outputs"].items()
+        )
         and (out / "report.json").is_file()
+    )
 
 
 def _ptc(*args) -> list[str]:
@@ -92,11 +133,29 @@ def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp
     trials = int(os.environ.get("PTC_KILL_TRIALS", "12"))  # raise it for a soak run
     rng = random.Random(20261202)
     commands = {
-        "descriptor": lambda bank, out: _ptc("descriptor", "add", "--task", "shape", "--source", f"hf:{world.source}",
-                                              "--finetuned", world.adapters["shape"],
-                                              "--id", "killed", "--bank", bank),
-        "build": lambda bank, out: _ptc("build", write_recipe(tmp_path / f"{out.name}.yaml", world, bank=str(bank),
-                                                              export={"out": str(out), "formats": ["safetensors"]})),
+        "descriptor": lambda bank, out: _ptc(
+            "descriptor",
+            "add",
+            "--task",
+            "shape",
+            "--source",
+            f"hf:{world.source}",
+            "--finetuned",
+            world.adapters["shape"],
+            "--id",
+            "killed",
+            "--bank",
+            bank,
+        ),
+        "build": lambda bank, out: _ptc(
+            "build",
+            write_recipe(
+                tmp_path / f"{out.name}.yaml",
+                world,
+                bank=str(bank),
+                export={"out": str(out), "formats": ["safetensors"]},
+            ),
+        ),
     }
     durations = {}
     for kind, make in commands.items():  # how long each takes undisturbed, on a fresh bank
@@ -110,9 +169,16 @@ def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp
         kind = ("descriptor", "build")[trial % 2]
         bank, out = tmp_path / f"bank{trial}", tmp_path / f"out{trial}"
         shutil.copytree(world.bank, bank)
-        for cache in ("embeddings", "factors", "operators"):  # make the command write as much as it can
+        # make the command write as much as it can
+        for cache in (
+            "embeddings",
+            "factors",
+            "operators",
+        ):
             shutil.rmtree(bank / cache, ignore_errors=True)
-        process = subprocess.Popen(commands[kind](bank, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            commands[kind](bank, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0.3, 1.0) * durations[kind])
         process.send_signal(signal.SIGKILL)
         outcomes["killed" if process.wait() == -signal.SIGKILL else "finished"] += 1
@@ -122,7 +188,8 @@ def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp
             assert Bank(bank).descriptor("shape", "killed").tensors["utd"].shape == (16, 3)
         if kind == "build":
             assert not out.exists() or _complete(out), trial
-            remove_stale_staging(tmp_path, out.name)  # what the next build of this output does first
+            # what the next build of this output does first
+            remove_stale_staging(tmp_path, out.name)
             assert not list(tmp_path.glob(f".{out.name}.*")), trial
         shutil.rmtree(bank)
     assert outcomes["killed"] >= trials // 2, outcomes  # most trials really were interrupted
@@ -135,13 +202,32 @@ def test_two_builds_at_once_on_one_bank(world, tmp_path, same_recipe):
     shutil.copytree(world.bank, bank)
     for cache in ("embeddings", "factors", "operators"):
         shutil.rmtree(bank / cache, ignore_errors=True)
-    terms_b = None if same_recipe else [{"task": "colour", "source": "full", "weight": -0.5},
-                                        {"task": "shape", "source": "src", "weight": 0.5}]
-    recipes = [write_recipe(tmp_path / "a.yaml", world, bank=str(bank), export={"out": str(tmp_path / "out-a")}),
-               write_recipe(tmp_path / "b.yaml", world, terms=terms_b, bank=str(bank),
-                            export={"out": str(tmp_path / "out-b")})]
-    processes = [subprocess.Popen(_ptc("build", r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in recipes]
+    terms_b = (
+        None
+        if same_recipe
+        else [
+            {"task": "colour", "source": "full", "weight": -0.5},
+            {"task": "shape", "source": "src", "weight": 0.5},
+        ]
+    )
+    recipes = [
+        write_recipe(
+            tmp_path / "a.yaml", world, bank=str(bank), export={"out": str(tmp_path / "out-a")}
+        ),
+        write_recipe(
+            tmp_path / "b.yaml",
+            world,
+            terms=terms_b,
+            bank=str(bank),
+            export={"out": str(tmp_path / "out-b")},
+        ),
+    ]
+    processes = [
+        subprocess.Popen(
+            _ptc("build", r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for r in recipes
+    ]
     for process in processes:
         _, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr
@@ -154,14 +240,20 @@ def test_two_builds_at_once_on_one_bank(world, tmp_path, same_recipe):
     assert solved == len(distinct_operators)  # every shared operator was computed exactly once
     assert sum(r["cache"]["factors_computed"] for r in runs) == 2  # one per grid
     if same_recipe:
-        assert [t["operator_sha256"] for t in reports[0]["terms"]] == [t["operator_sha256"] for t in reports[1]["terms"]]
+        assert [t["operator_sha256"] for t in reports[0]["terms"]] == [
+            t["operator_sha256"] for t in reports[1]["terms"]
+        ]
 
 
 def test_bank_verify_detects_a_flipped_bit_in_any_file(world, tmp_path):
     bank = tmp_path / "bank"
     shutil.copytree(world.bank, bank)
     files = [p for p in sorted(bank.rglob("*")) if p.is_file() and ".locks" not in p.parts]
-    assert {".json", ".safetensors"} <= {p.suffix for p in files} <= {".json", ".safetensors", ".onnx", ".data"}
+    assert (
+        {".json", ".safetensors"}
+        <= {p.suffix for p in files}
+        <= {".json", ".safetensors", ".onnx", ".data"}
+    )
     rng = random.Random(7)
     for path in files:
         original = path.read_bytes()
@@ -199,9 +291,23 @@ def test_swapped_embeddings_are_found_and_never_make_a_descriptor(world, tmp_pat
     _swap(*pair)
     problems = Bank(bank).verify_all()[1]
     assert sum("holds the record of" in p and "swapped" in p for p in problems) == 2, problems
-    result = run_ptc("descriptor", "add", "--task", "colour", "--source", f"hf:{world.source}",
-                     "--finetuned", world.adapters["colour"], "--id", "again", "--bank", bank)
-    assert result.returncode == 2 and "swapped, renamed or copied in" in result.stderr, result.stderr
+    result = run_ptc(
+        "descriptor",
+        "add",
+        "--task",
+        "colour",
+        "--source",
+        f"hf:{world.source}",
+        "--finetuned",
+        world.adapters["colour"],
+        "--id",
+        "again",
+        "--bank",
+        bank,
+    )
+    assert result.returncode == 2 and "swapped, renamed or copied in" in result.stderr, (
+        result.stderr
+    )
     assert "again" not in Bank(bank).descriptor_ids("colour")
 
 
@@ -211,19 +317,32 @@ def test_swapped_renamed_and_foreign_descriptors_are_found(world, tmp_path):
     folder = bank / "descriptors" / "colour"
     _swap(folder / "src.safetensors", folder / "full.safetensors")
     problems = Bank(bank).verify_all()[1]
-    assert len([p for p in problems if "holds the record of 'descriptors/colour/" in p]) == 2, problems
+    assert len([p for p in problems if "holds the record of 'descriptors/colour/" in p]) == 2, (
+        problems
+    )
     _swap(folder / "src.safetensors", folder / "full.safetensors")
     (folder / "full.safetensors").rename(folder / "renamed.safetensors")
-    assert any("renamed.safetensors holds the record of 'descriptors/colour/full.safetensors'" in p
-               for p in Bank(bank).verify_all()[1])
+    assert any(
+        "renamed.safetensors holds the record of 'descriptors/colour/full.safetensors'" in p
+        for p in Bank(bank).verify_all()[1]
+    )
     (folder / "renamed.safetensors").unlink()
     # From another bank, under the same key: its record is sealed and bound, but made on a grid
     # this bank's task does not have.
     other, ours = Bank(tmp_path / "other"), Bank(bank).descriptor("colour", "src")
-    other.put_descriptor("colour", "src", ours.tensors, {**{k: v for k, v in ours.meta.items()
-                                                           if k not in ("record_sha256", "entry")},
-                                                        "grid_hash": "e" * 64})
-    shutil.copy(tmp_path / "other" / "descriptors" / "colour" / "src.safetensors", folder / "src.safetensors")
+    other.put_descriptor(
+        "colour",
+        "src",
+        ours.tensors,
+        {
+            **{k: v for k, v in ours.meta.items() if k not in ("record_sha256", "entry")},
+            "grid_hash": "e" * 64,
+        },
+    )
+    shutil.copy(
+        tmp_path / "other" / "descriptors" / "colour" / "src.safetensors",
+        folder / "src.safetensors",
+    )
     assert any("copied from another bank" in p for p in Bank(bank).verify_all()[1])
 
 
@@ -236,8 +355,14 @@ def _as_format_2(bank: Path) -> None:
     store = Bank(bank)
     for path in sorted(bank.rglob("*.safetensors")):
         entry = store.read_entry(str(path.relative_to(bank)))
-        record = _sealed({k: v for k, v in entry.meta.items() if k not in ("entry", "record_sha256")})
-        path.write_bytes(safetensors.torch.save(entry.tensors, metadata={"ptc": json.dumps(record, sort_keys=True)}))
+        record = _sealed(
+            {k: v for k, v in entry.meta.items() if k not in ("entry", "record_sha256")}
+        )
+        path.write_bytes(
+            safetensors.torch.save(
+                entry.tensors, metadata={"ptc": json.dumps(record, sort_keys=True)}
+            )
+        )
     (bank / "bank.json").write_text(json.dumps({"format": "ptc-bank", "version": 2}))
 
 
@@ -249,7 +374,11 @@ def test_a_format_2_bank_is_refused_until_upgraded_and_keeps_its_tensors(world, 
     before = Bank(bank).descriptor("colour", "src").sha256
     _as_format_2(bank)
     result = run_ptc("task", "list", "--bank", bank)
-    assert result.returncode == 2 and "has format 2" in result.stderr and "ptc bank upgrade" in result.stderr
+    assert (
+        result.returncode == 2
+        and "has format 2" in result.stderr
+        and "ptc bank upgrade" in result.stderr
+    )
     result = run_ptc("bank", "upgrade", "--bank", bank)
     assert result.returncode == 0 and "re-sealed (format 3)" in result.stdout, result.stderr
     assert Bank(bank).verify_all()[1] == []
@@ -262,7 +391,9 @@ def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, 
 
     out = tmp_path / "out"
     shutil.copytree(built[0], out)
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, export={"out": str(out), "formats": ["safetensors"]})
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", world, export={"out": str(out), "formats": ["safetensors"]}
+    )
     (out / "notes.txt").write_text("mine")
     result = run_ptc("build", recipe, "--force")
     assert result.returncode == 2 and "holds notes.txt, which ptc did not write" in result.stderr
@@ -272,7 +403,8 @@ def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, 
     result = run_ptc("build", recipe, "--force")
     assert result.returncode == 2 and "holds README.md" in result.stderr
     assert (out / "README.md").read_text().endswith("edited by hand\n")
-    shutil.copy2(built[0] / "README.md", out / "README.md")  # ptc's file back as it was (copy2 keeps its time)
+    # ptc's file back as it was (copy2 keeps its time)
+    shutil.copy2(built[0] / "README.md", out / "README.md")
     result = run_ptc("build", recipe, "--force")  # wholly ptc's again: replaced
     assert result.returncode == 0, result.stderr
     assert not (out / "onnx").exists() and (out / "model").is_dir()  # the new build's formats only
@@ -309,7 +441,9 @@ def test_a_filesystem_refusal_is_one_line_and_exit_2(world, tmp_path, monkeypatc
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     result = run_ptc("task", "add", world.tasks["colour"], "--bank", tmp_path / "bank")
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "Permission denied" in lines[0], result.stderr
+    assert result.returncode == 2 and len(lines) == 1 and "Permission denied" in lines[0], (
+        result.stderr
+    )
 
 
 def test_sigterm_cleans_up_like_ctrl_c(world, tmp_path):
@@ -317,9 +451,15 @@ def test_sigterm_cleans_up_like_ctrl_c(world, tmp_path):
     shutil.copytree(world.bank, bank)
     out = tmp_path / "out"
     recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank), export={"out": str(out)})
-    process = subprocess.Popen(_ptc("build", recipe), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        _ptc("build", recipe), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
-    while not list(tmp_path.glob(".out.*.partial")) and process.poll() is None and time.monotonic() < deadline:
+    while (
+        not list(tmp_path.glob(".out.*.partial"))
+        and process.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)  # wait for the export to begin: a staging folder exists
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)

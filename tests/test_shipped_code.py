@@ -57,6 +57,7 @@ def _hf_auto_map(config: str, auto_class: str):
         folder = _hf_copy(world, tmp, sentinel)
         _edit_json(folder / config, auto_map={auto_class: "evil_code.Evil"})
         return f"hf:{folder}"
+
     return make
 
 
@@ -83,13 +84,18 @@ def _open_clip_folder(tmp: Path, sentinel: Path) -> Path:
 
 def _open_clip_tokenizer_kwargs(world, tmp, sentinel):
     folder = _open_clip_folder(tmp, sentinel)
-    _edit_json(folder / "open_clip_config.json", **{"model_cfg.text_cfg.tokenizer_kwargs": {"trust_remote_code": True}})
+    _edit_json(
+        folder / "open_clip_config.json",
+        **{"model_cfg.text_cfg.tokenizer_kwargs": {"trust_remote_code": True}},
+    )
     return f"open_clip:local-dir:{folder}"
 
 
 def _open_clip_tokenizer_auto_map(world, tmp, sentinel):
     folder = _open_clip_folder(tmp, sentinel)
-    _edit_json(folder / "tokenizer_config.json", auto_map={"AutoTokenizer": ["evil_code.Evil", None]})
+    _edit_json(
+        folder / "tokenizer_config.json", auto_map={"AutoTokenizer": ["evil_code.Evil", None]}
+    )
     return f"open_clip:local-dir:{folder}"
 
 
@@ -135,7 +141,9 @@ def _adapter_imports_a_module(world, tmp, sentinel):
 
 def _full_finetune_auto_map(world, tmp, sentinel):
     folder = _hf_copy(world, tmp, sentinel, which="full_finetune")
-    _edit_json(folder / "preprocessor_config.json", auto_map={"AutoImageProcessor": "evil_code.Evil"})
+    _edit_json(
+        folder / "preprocessor_config.json", auto_map={"AutoImageProcessor": "evil_code.Evil"}
+    )
     return str(folder)  # a bare folder: read with the source's scheme
 
 
@@ -144,27 +152,68 @@ def _build_output_auto_map(world, tmp, sentinel):
     out = tmp / "evil-output"
     shutil.copytree(world.target, out / "model")
     _plant(out / "model", sentinel)
-    _edit_json(out / "model" / "preprocessor_config.json", auto_map={"AutoImageProcessor": "evil_code.Evil"})
+    _edit_json(
+        out / "model" / "preprocessor_config.json",
+        auto_map={"AutoImageProcessor": "evil_code.Evil"},
+    )
     (out / "report.json").write_text(json.dumps({"native_ref": "hf:model"}))
     return str(out)
 
 
 # (how the model is made, which role it plays in the command, what the one line says)
 CASES = {
-    "hf-config-auto_map": (_hf_auto_map("config.json", "AutoModel"), "target", "names custom code (auto_map"),
-    "hf-processor-auto_map": (_hf_auto_map("preprocessor_config.json", "AutoImageProcessor"), "source",
-                              "preprocessor_config.json names custom code"),
-    "hf-tokenizer-auto_map": (_hf_auto_map("tokenizer_config.json", "AutoTokenizer"), "source",
-                              "tokenizer_config.json names custom code"),
-    "hf-trust_remote_code-config": (_hf_trust_flag, "target", "names custom code (trust_remote_code)"),
+    "hf-config-auto_map": (
+        _hf_auto_map("config.json", "AutoModel"),
+        "target",
+        "names custom code (auto_map",
+    ),
+    "hf-processor-auto_map": (
+        _hf_auto_map("preprocessor_config.json", "AutoImageProcessor"),
+        "source",
+        "preprocessor_config.json names custom code",
+    ),
+    "hf-tokenizer-auto_map": (
+        _hf_auto_map("tokenizer_config.json", "AutoTokenizer"),
+        "source",
+        "tokenizer_config.json names custom code",
+    ),
+    "hf-trust_remote_code-config": (
+        _hf_trust_flag,
+        "target",
+        "names custom code (trust_remote_code)",
+    ),
     "hf-pickle-weights": (_hf_pickle_only, "source", "holds only pickle weights"),
-    "open_clip-tokenizer_kwargs": (_open_clip_tokenizer_kwargs, "target", "tokenizer_kwargs.trust_remote_code"),
-    "open_clip-tokenizer-auto_map": (_open_clip_tokenizer_auto_map, "target", "names custom code (auto_map"),
-    "open_clip-hf-text-tower": (_open_clip_hf_text_tower, "target", "text_cfg.hf_model_name loads a tower"),
+    "open_clip-tokenizer_kwargs": (
+        _open_clip_tokenizer_kwargs,
+        "target",
+        "tokenizer_kwargs.trust_remote_code",
+    ),
+    "open_clip-tokenizer-auto_map": (
+        _open_clip_tokenizer_auto_map,
+        "target",
+        "names custom code (auto_map",
+    ),
+    "open_clip-hf-text-tower": (
+        _open_clip_hf_text_tower,
+        "target",
+        "text_cfg.hf_model_name loads a tower",
+    ),
     "open_clip-pickle-weights": (_open_clip_pickle_weights, "target", "weights.bin is a pickle"),
-    "peft-adapter-pickle": (_adapter_pickle_only, "finetuned", "saved only as a pickle (adapter_model.bin)"),
-    "peft-adapter-auto_map": (_adapter_auto_map, "finetuned", "adapter_config.json names custom code"),
-    "peft-adapter-module-import": (_adapter_imports_a_module, "finetuned", "names a module to import"),
+    "peft-adapter-pickle": (
+        _adapter_pickle_only,
+        "finetuned",
+        "saved only as a pickle (adapter_model.bin)",
+    ),
+    "peft-adapter-auto_map": (
+        _adapter_auto_map,
+        "finetuned",
+        "adapter_config.json names custom code",
+    ),
+    "peft-adapter-module-import": (
+        _adapter_imports_a_module,
+        "finetuned",
+        "names a module to import",
+    ),
     "full-finetune-auto_map": (_full_finetune_auto_map, "finetuned", "names custom code (auto_map"),
     "build-output-auto_map": (_build_output_auto_map, "eval", "names custom code (auto_map"),
 }
@@ -175,13 +224,38 @@ def _command(role: str, ref: str, world, tmp: Path) -> list:
     shutil.copytree(world.bank, bank)
     if role == "target":
         recipe = tmp / "recipe.yaml"
-        recipe.write_text(f"target: {ref}\nbank: {bank}\nterms: [{{task: colour, source: src, weight: 0.5}}]\n")
+        recipe.write_text(
+            f"target: {ref}\nbank: {bank}\nterms: [{{task: colour, source: src, weight: 0.5}}]\n"
+        )
         return ["check", recipe]
     if role == "eval":
-        return ["eval", ref, "--task", "colour", "--data", world.tasks["colour"].parent / "test", "--bank", bank]
-    source, finetuned = (ref, world.adapters["colour"]) if role == "source" else (f"hf:{world.source}", ref)
-    return ["descriptor", "add", "--task", "colour", "--source", source, "--finetuned", finetuned,
-            "--id", "evil", "--bank", bank]
+        return [
+            "eval",
+            ref,
+            "--task",
+            "colour",
+            "--data",
+            world.tasks["colour"].parent / "test",
+            "--bank",
+            bank,
+        ]
+    source, finetuned = (
+        (ref, world.adapters["colour"]) if role == "source" else (f"hf:{world.source}", ref)
+    )
+    return [
+        "descriptor",
+        "add",
+        "--task",
+        "colour",
+        "--source",
+        source,
+        "--finetuned",
+        finetuned,
+        "--id",
+        "evil",
+        "--bank",
+        bank,
+    ]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -213,6 +287,11 @@ def test_every_transformers_loader_is_told_not_to_trust_the_folder(world, monkey
         def spy(klass, *args, _original=original, _name=name, **kwargs):
             calls.append((_name, kwargs.get("trust_remote_code", "missing")))
             return _original(klass, *args, **kwargs)
+
         monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
     targets.load(f"hf:{world.target}")
-    assert sorted(calls) == [("AutoImageProcessor", False), ("AutoTokenizer", False), ("CLIPModel", False)]
+    assert sorted(calls) == [
+        ("AutoImageProcessor", False),
+        ("AutoTokenizer", False),
+        ("CLIPModel", False),
+    ]

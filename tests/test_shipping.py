@@ -22,9 +22,16 @@ TRITON_TYPE = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.INT64: "TYP
 @pytest.fixture(scope="module")
 def shipped(world, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ship")
-    recipe = write_recipe(folder / "recipe.yaml", world, export={
-        "out": str(folder / "out"), "formats": ["onnx", "safetensors", "triton"], "precision": ["fp32", "fp16"],
-        "triton": {"max_batch_size": 16}})
+    recipe = write_recipe(
+        folder / "recipe.yaml",
+        world,
+        export={
+            "out": str(folder / "out"),
+            "formats": ["onnx", "safetensors", "triton"],
+            "precision": ["fp32", "fp16"],
+            "triton": {"max_batch_size": 16},
+        },
+    )
     result = run_ptc("build", recipe)
     assert result.returncode == 0, result.stderr
     return folder / "out", json.loads((folder / "out" / "report.json").read_text())
@@ -35,22 +42,41 @@ def parse_pbtxt(text: str) -> dict:
     config = {key: value.strip('"') for key, value in re.findall(r"^(\w+): (.+)$", text, re.M)}
     for section in ("input", "output"):
         body = re.search(rf"^{section} \[\n(.*?)\n\]", text, re.S | re.M).group(1)
-        config[section] = [{"name": name, "data_type": dtype, "dims": [int(d) for d in dims.split(",") if d.strip()]}
-                           for name, dtype, dims in re.findall(
-                               r'name: "(\w+)"\s+data_type: (\w+)\s+dims: \[ ([^\]]*) \]', body)]
+        config[section] = [
+            {
+                "name": name,
+                "data_type": dtype,
+                "dims": [int(d) for d in dims.split(",") if d.strip()],
+            }
+            for name, dtype, dims in re.findall(
+                r'name: "(\w+)"\s+data_type: (\w+)\s+dims: \[ ([^\]]*) \]', body
+            )
+        ]
     config["dynamic_batching"] = "dynamic_batching { }" in text
     return config
 
 
 def _graph_tensors(values):
-    return [{"name": v.name, "data_type": TRITON_TYPE[v.type.tensor_type.elem_type],
-             "dims": [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim][1:]}
-            for v in values]
+    return [
+        {
+            "name": v.name,
+            "data_type": TRITON_TYPE[v.type.tensor_type.elem_type],
+            "dims": [
+                d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim
+            ][1:],
+        }
+        for v in values
+    ]
 
 
 def test_triton_configs_match_the_onnx_graphs(shipped):
     out, report = shipped
-    assert sorted(report["triton_models"]) == ["text_model", "text_model_fp16", "vision_model", "vision_model_fp16"]
+    assert sorted(report["triton_models"]) == [
+        "text_model",
+        "text_model_fp16",
+        "vision_model",
+        "vision_model_fp16",
+    ]
     for name in report["triton_models"]:
         config = parse_pbtxt((out / "triton" / name / "config.pbtxt").read_text())
         model_file = out / "triton" / name / "1" / "model.onnx"
@@ -61,7 +87,9 @@ def test_triton_configs_match_the_onnx_graphs(shipped):
         assert config["input"] == _graph_tensors(graph.input)
         assert config["output"] == _graph_tensors(graph.output)
     vision = parse_pbtxt((out / "triton" / "vision_model" / "config.pbtxt").read_text())
-    assert vision["input"] == [{"name": "pixel_values", "data_type": "TYPE_FP32", "dims": [3, 32, 32]}]
+    assert vision["input"] == [
+        {"name": "pixel_values", "data_type": "TYPE_FP32", "dims": [3, 32, 32]}
+    ]
     assert vision["output"] == [{"name": "image_embeds", "data_type": "TYPE_FP32", "dims": [24]}]
 
 
@@ -73,8 +101,12 @@ def test_fp16_towers_keep_fp32_io_and_agree_with_fp32(world, shipped):
     assert half.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:6]
     pixels = clip_pixels(probes, out / "model").numpy()
-    full = ort.InferenceSession(str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"])
-    fast = ort.InferenceSession(str(out / "onnx" / "vision_model_fp16.onnx"), providers=["CPUExecutionProvider"])
+    full = ort.InferenceSession(
+        str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    fast = ort.InferenceSession(
+        str(out / "onnx" / "vision_model_fp16.onnx"), providers=["CPUExecutionProvider"]
+    )
     a, b = full.run(None, {"pixel_values": pixels})[0], fast.run(None, {"pixel_values": pixels})[0]
     assert b.dtype == np.float32
     cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -84,22 +116,35 @@ def test_fp16_towers_keep_fp32_io_and_agree_with_fp32(world, shipped):
 def test_provenance_in_onnx_and_safetensors_metadata(shipped):
     out, report = shipped
     for name in ("vision_model", "text_model_fp16"):
-        props = {p.key: p.value for p in onnx.load(str(out / "onnx" / f"{name}.onnx")).metadata_props}
-        assert props["ptc_lock_hash"] == report["lock_hash"] and props["ptc_version"] == report["ptc_version"]
+        props = {
+            p.key: p.value for p in onnx.load(str(out / "onnx" / f"{name}.onnx")).metadata_props
+        }
+        assert (
+            props["ptc_lock_hash"] == report["lock_hash"]
+            and props["ptc_version"] == report["ptc_version"]
+        )
         assert props["ptc_precision"] == ("fp16" if name.endswith("fp16") else "fp32")
     with safe_open(str(out / "model" / "model.safetensors"), framework="pt") as handle:
         metadata = handle.metadata()
     assert metadata["format"] == "pt" and metadata["ptc_lock_hash"] == report["lock_hash"]
-    assert metadata["ptc_recipe_sha256"] == json.loads((out / "ptc.lock").read_text())["inputs"]["recipe_sha256"]
+    assert (
+        metadata["ptc_recipe_sha256"]
+        == json.loads((out / "ptc.lock").read_text())["inputs"]["recipe_sha256"]
+    )
 
 
 def test_model_card_front_matter_and_loading_sections(shipped):
     out, report = shipped
     card = (out / "README.md").read_text()
     loaded = ModelCard.load(out / "README.md")  # what the Hub and huggingface_hub read
-    assert loaded.data.library_name == "transformers" and loaded.data.pipeline_tag == "zero-shot-image-classification"
+    assert (
+        loaded.data.library_name == "transformers"
+        and loaded.data.pipeline_tag == "zero-shot-image-classification"
+    )
     # A local folder is no Hub id: base_model is left out rather than filled with a path.
-    assert loaded.data.base_model is None and "base_model" not in yaml.safe_load(card.split("---")[1])
+    assert loaded.data.base_model is None and "base_model" not in yaml.safe_load(
+        card.split("---")[1]
+    )
     assert "ptc" in loaded.data.tags
     for heading in ("### transformers", "### onnxruntime", "### Triton"):
         assert heading in card
@@ -125,12 +170,20 @@ def test_shipped_files_are_readable_by_the_server_user_as_the_umask_allows(shipp
     running as another user must still read what ships (here: what open() and mkdir() give)."""
     out, _ = shipped
     mask = _process_umask()
-    modes = {path.relative_to(out).as_posix() or ".": stat.S_IMODE(path.stat().st_mode)
-             for path in [out, *out.rglob("*")]}
+    modes = {
+        path.relative_to(out).as_posix() or ".": stat.S_IMODE(path.stat().st_mode)
+        for path in [out, *out.rglob("*")]
+    }
     readable = 0o444 & ~mask
-    wrong = {name: oct(mode) for name, mode in modes.items()
-             if mode & readable != readable or ((out / name).is_dir() and mode & (readable >> 2) != readable >> 2)}
-    assert not wrong and {"ptc.lock", "report.json", "onnx"} <= {name.split("/")[0] for name in modes}
+    wrong = {
+        name: oct(mode)
+        for name, mode in modes.items()
+        if mode & readable != readable
+        or ((out / name).is_dir() and mode & (readable >> 2) != readable >> 2)
+    }
+    assert not wrong and {"ptc.lock", "report.json", "onnx"} <= {
+        name.split("/")[0] for name in modes
+    }
 
 
 def test_atomic_writes_follow_the_umask(tmp_path):
@@ -155,28 +208,45 @@ ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(i
 def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_sees_them(shipped):
     out, report = shipped
     card = (out / "README.md").read_text()
-    assert set(report["onnx_interface"]) == set(report["onnx_files"]) and len(report["onnx_files"]) == 4
+    assert (
+        set(report["onnx_interface"]) == set(report["onnx_files"])
+        and len(report["onnx_files"]) == 4
+    )
     for graph, spec in report["onnx_interface"].items():
-        session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])  # independently
+        # independently
+        session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])
         for kind, values in (("inputs", session.get_inputs()), ("outputs", session.get_outputs())):
-            assert spec[kind] == [{"name": v.name, "dtype": ORT_TYPES[v.type], "shape": list(v.shape)} for v in values]
+            assert spec[kind] == [
+                {"name": v.name, "dtype": ORT_TYPES[v.type], "shape": list(v.shape)} for v in values
+            ]
             for v in values:
-                assert f"| `{graph}` | {kind} | `{v.name}` | {ORT_TYPES[v.type]} | [{', '.join(map(str, v.shape))}] |" \
+                assert (
+                    f"| `{graph}` | {kind} | `{v.name}` | {ORT_TYPES[v.type]} | [{', '.join(map(str, v.shape))}] |"
                     in card
+                )
     text = report["onnx_interface"]["onnx/text_model.onnx"]["inputs"]
-    assert [v["name"] for v in text] == ["input_ids", "attention_mask"] and isinstance(text[0]["shape"][1], str)
+    assert [v["name"] for v in text] == ["input_ids", "attention_mask"] and isinstance(
+        text[0]["shape"][1], str
+    )
     vision = report["onnx_interface"]["onnx/vision_model.onnx"]
-    assert vision["inputs"][0]["shape"][1:] == [3, 32, 32] and isinstance(vision["inputs"][0]["shape"][0], str)
-    assert vision["outputs"][0]["name"] == "image_embeds" and vision["outputs"][0]["dtype"] == "float32"
+    assert vision["inputs"][0]["shape"][1:] == [3, 32, 32] and isinstance(
+        vision["inputs"][0]["shape"][0], str
+    )
+    assert (
+        vision["outputs"][0]["name"] == "image_embeds"
+        and vision["outputs"][0]["dtype"] == "float32"
+    )
 
 
 def test_a_target_from_the_hub_cache_is_the_cards_base_model(world, shipped, monkeypatch):
     """hf:org/name found in the local Hugging Face cache (not a folder here) is a Hub id."""
+    import ptc.targets.hf as hf
     from ptc import targets
     from ptc.compiler.export.card import model_card
-    import ptc.targets.hf as hf
 
-    monkeypatch.setattr(hf, "_cache_dir_for", lambda model_id: world.target if model_id == "org/tiny-clip" else None)
+    monkeypatch.setattr(
+        hf, "_cache_dir_for", lambda model_id: world.target if model_id == "org/tiny-clip" else None
+    )
     encoder = targets.load("hf:org/tiny-clip")
     assert encoder.hub_id == "org/tiny-clip" and targets.load(f"hf:{world.target}").hub_id is None
     _, report = shipped

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from ptc.compiler.method.descriptor import normalise
-from ptc.compiler.method.ridge import factorize, first_order_descriptor, ridge_filter, solve_dense, solve_operator
+from ptc.compiler.method.ridge import (
+    factorize,
+    first_order_descriptor,
+    ridge_filter,
+    solve_dense,
+    solve_operator,
+)
 from ptc.compiler.verify.checks import linearity
 
 
@@ -78,7 +84,9 @@ def test_regressor_solve_equals_explicit_inverses_and_reproduces_an_edit_in_its_
     factors = factorize(inputs, classes, regressors)
     fast = solve_operator(factors, descriptor, 0.3)
     assert fast.shape == (d, p)
-    assert torch.allclose(fast, solve_dense(inputs, classes, descriptor, 0.3, regressors), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(
+        fast, solve_dense(inputs, classes, descriptor, 0.3, regressors), rtol=1e-10, atol=1e-12
+    )
     if n >= p:  # Phi has full column rank: an edit's own first-order descriptor gives it back
         true_edit = torch.randn(d, p, dtype=torch.float64) * 0.05
         induced = first_order_descriptor(inputs, classes, true_edit, regressors)

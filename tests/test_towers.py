@@ -5,19 +5,18 @@ protobuf limit export too."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
-
-from ptc import targets
-from ptc.compiler.export import tower_cache as towers
-from ptc.compiler.bank.store import Bank
-from ptc.compiler.export.onnx_graph import copy_onnx, export_onnx, onnx_files
-from conftest import run_ptc, write_recipe
 from test_families import FAMILIES
+
+from conftest import run_ptc, write_recipe
+from ptc import targets
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.export import tower_cache as towers
+from ptc.compiler.export.onnx_graph import copy_onnx, export_onnx, onnx_files
 
 # One family per way the exported graph holds the edit site: a Linear's weight by name (CLIP),
 # transposed under a generated name (SigLIP's and SigLIP2's head MLP), a bare projection
@@ -31,8 +30,15 @@ def _run(path, inputs: dict) -> np.ndarray:
 
 
 def _edited(encoder, seed: int = 0, scale: float = 0.05):
-    edit = torch.randn(encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(seed),
-                       dtype=torch.float64) * scale
+    edit = (
+        torch.randn(
+            encoder.embed_dim,
+            encoder.edit_width,
+            generator=torch.Generator().manual_seed(seed),
+            dtype=torch.float64,
+        )
+        * scale
+    )
     return encoder.with_edit(edit)
 
 
@@ -44,15 +50,25 @@ def test_a_patched_tower_is_a_fresh_export_of_the_edited_model(family, tmp_path)
     hows = []
     for base, tower in zip(encoder.onnx_towers(), edited.onnx_towers()):
         path = tmp_path / "out" / f"{tower.name}.onnx"
-        hows.append(towers.write_tower(Bank(tmp_path / "cache"), "model", base, tower, path, {"ptc_test": "1"}))
+        hows.append(
+            towers.write_tower(
+                Bank(tmp_path / "cache"), "model", base, tower, path, {"ptc_test": "1"}
+            )
+        )
         export_onnx(tower, tmp_path / "fresh" / path.name)
         fresh = onnx.load(str(tmp_path / "fresh" / path.name))
         patched = onnx.load(str(path))
         # The same graph: same initializers, byte for byte, and the same outputs.
         held = {init.name: onnx.numpy_helper.to_array(init) for init in patched.graph.initializer}
         assert sorted(held) == sorted(init.name for init in fresh.graph.initializer)
-        assert all(np.array_equal(held[i.name], onnx.numpy_helper.to_array(i)) for i in fresh.graph.initializer)
-        got, want = _run(path, tower.example_inputs), _run(tmp_path / "fresh" / path.name, tower.example_inputs)
+        assert all(
+            np.array_equal(held[i.name], onnx.numpy_helper.to_array(i))
+            for i in fresh.graph.initializer
+        )
+        got, want = (
+            _run(path, tower.example_inputs),
+            _run(tmp_path / "fresh" / path.name, tower.example_inputs),
+        )
         assert np.abs(got - want).max() <= 1e-6
         with torch.inference_mode():
             assert np.abs(got - tower.module(**tower.example_inputs).numpy()).max() < 1e-5
@@ -60,12 +76,21 @@ def test_a_patched_tower_is_a_fresh_export_of_the_edited_model(family, tmp_path)
     assert hows == ["patched", "reused"]  # the image edit leaves the text tower's graph as cached
     # A second edit of the same model exports nothing: both graphs come from the cache, untouched.
     cached = sorted((tmp_path / "cache" / "exports").rglob("*.onnx*"))
-    assert sorted(p.name for p in cached if p.suffix == ".onnx") == sorted(f"{t.name}.onnx" for t in encoder.onnx_towers())
+    assert sorted(p.name for p in cached if p.suffix == ".onnx") == sorted(
+        f"{t.name}.onnx" for t in encoder.onnx_towers()
+    )
     stamps = {p: p.stat().st_mtime_ns for p in cached}
     second = _edited(encoder, seed=1).onnx_towers()[0]
     base = encoder.onnx_towers()[0]
-    assert towers.write_tower(Bank(tmp_path / "cache"), "model", base, second, tmp_path / "again.onnx", {}) == "patched"
-    assert {p: p.stat().st_mtime_ns for p in sorted((tmp_path / "cache" / "exports").rglob("*.onnx*"))} == stamps
+    assert (
+        towers.write_tower(
+            Bank(tmp_path / "cache"), "model", base, second, tmp_path / "again.onnx", {}
+        )
+        == "patched"
+    )
+    assert {
+        p: p.stat().st_mtime_ns for p in sorted((tmp_path / "cache" / "exports").rglob("*.onnx*"))
+    } == stamps
     with torch.inference_mode():
         expected = second.module(**second.example_inputs).numpy()
     assert np.abs(_run(tmp_path / "again.onnx", second.example_inputs) - expected).max() < 1e-5
@@ -75,11 +100,17 @@ def test_what_cannot_be_matched_is_exported_afresh(tmp_path):
     build, scheme = FAMILIES["hf-clip"]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=3)))
     base = encoder.onnx_towers()[0]
-    cached = onnx_files(towers.cached_base(Bank(tmp_path / "cache"), towers.export_key("k", base), base))
-    encoder.model.visual_projection.weight.data.fill_(0.01)  # uniform: a match by value would be a guess
+    cached = onnx_files(
+        towers.cached_base(Bank(tmp_path / "cache"), towers.export_key("k", base), base)
+    )
+    # uniform: a match by value would be a guess
+    encoder.model.visual_projection.weight.data.fill_(0.01)
     base, tower = encoder.onnx_towers()[0], _edited(encoder).onnx_towers()[0]
     assert towers.find_patches(cached, towers.changed_tensors(base.module, tower.module)) is None
-    assert towers.write_tower(Bank(tmp_path / "cache2"), "k", base, tower, tmp_path / "v.onnx", {}) == "exported"
+    assert (
+        towers.write_tower(Bank(tmp_path / "cache2"), "k", base, tower, tmp_path / "v.onnx", {})
+        == "exported"
+    )
     with torch.inference_mode():
         expected = tower.module(**tower.example_inputs).numpy()
     assert np.abs(_run(tmp_path / "v.onnx", tower.example_inputs) - expected).max() < 1e-5
@@ -90,8 +121,12 @@ def test_what_cannot_be_matched_is_exported_afresh(tmp_path):
     assert towers.find_patches([twice], {"w": (weight, weight + 1)}) is None
     once = tmp_path / "once.bin"
     once.write_bytes(b"x" * 3 + towers._raw(weight.T) + b"y")
-    assert towers.find_patches([once], {"w": (weight, weight + 1)}) == [(once, 3, towers._raw((weight + 1).T))]
-    assert towers._offsets(once, [towers._raw(weight.T)], chunk=7) == {towers._raw(weight.T): [3]}  # across chunks
+    assert towers.find_patches([once], {"w": (weight, weight + 1)}) == [
+        (once, 3, towers._raw((weight + 1).T))
+    ]
+    assert towers._offsets(once, [towers._raw(weight.T)], chunk=7) == {
+        towers._raw(weight.T): [3]
+    }  # across chunks
 
 
 def test_a_damaged_export_cache_is_refused_and_ships_nothing(world, bank_copy, tmp_path):
@@ -99,16 +134,24 @@ def test_a_damaged_export_cache_is_refused_and_ships_nothing(world, bank_copy, t
     assert run_ptc("build", recipe).returncode == 0
     cached = next((bank_copy / "exports").glob("*/vision_model.onnx"))
     model = onnx.load(str(cached))
-    victim = max(model.graph.initializer, key=lambda i: len(i.raw_data))  # some other weight than the edit's
+    # some other weight than the edit's
+    victim = max(model.graph.initializer, key=lambda i: len(i.raw_data))
     values = onnx.numpy_helper.to_array(victim).copy()
     values.flat[0] += 1.0
     victim.CopyFrom(onnx.numpy_helper.from_array(values, victim.name))
     onnx.save(model, str(cached))
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy), export={"out": str(tmp_path / "out2")})
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", world, bank=str(bank_copy), export={"out": str(tmp_path / "out2")}
+    )
     result = run_ptc("build", recipe)
-    assert result.returncode == 2 and "does not match its record (modified or damaged)" in result.stderr, result.stderr
+    assert (
+        result.returncode == 2
+        and "does not match its record (modified or damaged)" in result.stderr
+    ), result.stderr
     assert "the next build exports it again" in result.stderr and not (tmp_path / "out2").exists()
-    assert any("vision_model.onnx does not match its record" in p for p in Bank(bank_copy).verify_all()[1])
+    assert any(
+        "vision_model.onnx does not match its record" in p for p in Bank(bank_copy).verify_all()[1]
+    )
 
 
 def test_towers_are_written_with_their_tensors_as_external_data(tmp_path):
@@ -121,30 +164,46 @@ def test_towers_are_written_with_their_tensors_as_external_data(tmp_path):
     assert [p.name for p in onnx_files(path)] == ["vision_model.onnx", "vision_model.onnx.data"]
     graph = onnx.load(str(path), load_external_data=False)
     external = [i for i in graph.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
-    assert external and all(len(i.raw_data) <= 1024 for i in graph.graph.initializer if i not in external)
+    assert external and all(
+        len(i.raw_data) <= 1024 for i in graph.graph.initializer if i not in external
+    )
     with torch.inference_mode():
         expected = tower.module(**tower.example_inputs).numpy()
     assert np.abs(_run(path, tower.example_inputs) - expected).max() < 1e-5
-    copied = copy_onnx(path, tmp_path / "triton" / "1", "model.onnx")  # Triton's layout keeps the data
+    # Triton's layout keeps the data
+    copied = copy_onnx(path, tmp_path / "triton" / "1", "model.onnx")
     assert np.abs(_run(copied, tower.example_inputs) - expected).max() < 1e-5
 
 
 def test_a_tower_over_2gb_exports_and_runs(tmp_path):
     """A real > 2 GiB tower: a text tower whose token table alone is 2.3 GB (the protobuf
     message limit is 2 GiB; without external data this export fails)."""
-    from transformers import CLIPConfig, CLIPModel
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
-    from ptc.targets.hf_clip import HFClip
     from ptc.lab.tiny_vocab import clip_tokenizer
-    from transformers import CLIPImageProcessor
+    from ptc.targets.hf_clip import HFClip
 
     tokenizer = clip_tokenizer()
     vocab = tokenizer.get_vocab()
-    text = dict(vocab_size=1_150_000, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, max_position_embeddings=16, eos_token_id=vocab["<|endoftext|>"],
-                bos_token_id=vocab["<|startoftext|>"], pad_token_id=vocab["<|endoftext|>"])
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  image_size=32, patch_size=16)
+    text = dict(
+        vocab_size=1_150_000,
+        hidden_size=512,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        eos_token_id=vocab["<|endoftext|>"],
+        bos_token_id=vocab["<|startoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=16,
+    )
     with torch.device("meta"):
         model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
     model = model.to_empty(device="cpu").eval()
@@ -154,14 +213,21 @@ def test_a_tower_over_2gb_exports_and_runs(tmp_path):
     for name, buffer in model.named_buffers():
         if name.endswith("position_ids"):
             buffer.copy_(torch.arange(buffer.shape[-1]).expand_as(buffer))
-    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+    )
     encoder = HFClip(model, tokenizer, processor, ref="big")
     tower = encoder.onnx_towers()[1]
     assert sum(p.numel() * p.element_size() for p in tower.module.parameters()) > 2**31
     path = tmp_path / "text_model.onnx"
-    assert towers.write_tower(Bank(tmp_path / "cache"), "big", tower, tower, path, {"ptc_test": "1"}) == "reused"
+    assert (
+        towers.write_tower(Bank(tmp_path / "cache"), "big", tower, tower, path, {"ptc_test": "1"})
+        == "reused"
+    )
     assert path.with_name("text_model.onnx.data").stat().st_size > 2**31
     with torch.inference_mode():
         expected = tower.module(**tower.example_inputs).numpy()
     assert np.abs(_run(path, tower.example_inputs) - expected).max() < 1e-5
-    assert {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}["ptc_test"] == "1"
+    assert {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}[
+        "ptc_test"
+    ] == "1"

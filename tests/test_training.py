@@ -12,8 +12,8 @@ import torch
 
 from ptc import targets
 from ptc.compiler.edit.lora import attach_lora
-from ptc.lab.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
 from ptc.lab.tiny import hf_clip, hf_siglip, openclip  # the tiny builders
+from ptc.lab.zoo.pretrain import PretrainConfig, contrastive_loss, pretrain
 from ptc.targets.openclip import OpenClip
 
 
@@ -28,12 +28,22 @@ BUILDERS = {
     "open_clip-resnet": (lambda f: f"open_clip:local-dir:{openclip.build_tiny_resnet(f)}", 64),
     "open_clip-eva": (lambda f: f"open_clip:local-dir:{_tiny_eva(f)}", 32),
 }
-CAPTIONS = ["a red circle.", "two blue squares.", "a red circle.", "the digit three at the top left.",
-            "a green ring.", "on a striped background.", "four yellow crosses.", "a photo of a thing."]
+CAPTIONS = [
+    "a red circle.",
+    "two blue squares.",
+    "a red circle.",
+    "the digit three at the top left.",
+    "a green ring.",
+    "on a striped background.",
+    "four yellow crosses.",
+    "a photo of a thing.",
+]
 
 
 def _pixels(size: int, n: int = len(CAPTIONS)) -> dict:
-    return {"pixel_values": torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))}
+    return {
+        "pixel_values": torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(0))
+    }
 
 
 def test_softmax_loss_is_clips_symmetric_cross_entropy_with_shared_captions_as_positives():
@@ -42,8 +52,10 @@ def test_softmax_loss_is_clips_symmetric_cross_entropy_with_shared_captions_as_p
     log_scale, bias = torch.tensor(math.log(10.0)), torch.tensor(0.0)
     eye = torch.eye(4, dtype=torch.bool)
     logits = 10 * image @ text.T
-    clip = (torch.nn.functional.cross_entropy(logits, torch.arange(4))
-            + torch.nn.functional.cross_entropy(logits.T, torch.arange(4))) / 2
+    clip = (
+        torch.nn.functional.cross_entropy(logits, torch.arange(4))
+        + torch.nn.functional.cross_entropy(logits.T, torch.arange(4))
+    ) / 2
     assert torch.allclose(contrastive_loss("softmax", image, text, eye, log_scale, bias), clip)
     # Captions 0 and 2 are the same: each row's target spreads over both.
     same = eye.clone()
@@ -54,7 +66,9 @@ def test_softmax_loss_is_clips_symmetric_cross_entropy_with_shared_captions_as_p
     for i in range(4):
         positives = same[i].nonzero().flatten()
         by_hand += -(rows[i, positives].mean() + columns[i, positives].mean()) / 2
-    assert torch.allclose(contrastive_loss("softmax", image, text, same, log_scale, bias), by_hand / 4)
+    assert torch.allclose(
+        contrastive_loss("softmax", image, text, same, log_scale, bias), by_hand / 4
+    )
 
 
 def test_sigmoid_loss_is_siglips_pairwise_loss():
@@ -66,7 +80,9 @@ def test_sigmoid_loss_is_siglips_pairwise_loss():
         for j in range(3):
             sign = 1.0 if i == j else -1.0
             by_hand += -math.log(1 / (1 + math.exp(-sign * (10 * float(image[i] @ text[j]) - 10))))
-    measured = contrastive_loss("sigmoid", image, text, torch.eye(3, dtype=torch.bool), log_scale, bias)
+    measured = contrastive_loss(
+        "sigmoid", image, text, torch.eye(3, dtype=torch.bool), log_scale, bias
+    )
     assert measured.item() == pytest.approx(by_hand / 3, rel=1e-5)
     with pytest.raises(ValueError, match="unknown contrastive loss 'triplet'"):
         contrastive_loss("triplet", image, text, torch.eye(3, dtype=torch.bool), log_scale, bias)
@@ -78,11 +94,19 @@ def test_pretraining_trains_both_towers_and_the_saved_model_reloads_identically(
     encoder = targets.load(build(tmp_path / "init"))
     pixels = _pixels(size)
     before_image, before_text = encoder.embed_inputs(pixels), encoder.embed_prompts(CAPTIONS)
-    trained, figures = pretrain(encoder, pixels, CAPTIONS, PretrainConfig(steps=3, batch_size=4, lr=1e-2, warmup=1),
-                                progress=False, device=torch.device("cpu"))
+    trained, figures = pretrain(
+        encoder,
+        pixels,
+        CAPTIONS,
+        PretrainConfig(steps=3, batch_size=4, lr=1e-2, warmup=1),
+        progress=False,
+        device=torch.device("cpu"),
+    )
     assert figures["loss"] == encoder.contrastive_loss and figures["steps"] == 3
     after_image, after_text = trained.embed_inputs(pixels), trained.embed_prompts(CAPTIONS)
-    assert (after_image - before_image).abs().max() > 1e-3 and (after_text - before_text).abs().max() > 1e-3
+    assert (after_image - before_image).abs().max() > 1e-3 and (
+        after_text - before_text
+    ).abs().max() > 1e-3
     assert torch.equal(encoder.embed_inputs(pixels), before_image)  # the original is untouched
     scheme = trained.save_native(tmp_path / "saved")
     reloaded = targets.load(f"{scheme}:{tmp_path / 'saved'}")
@@ -106,7 +130,8 @@ def _perturb_lora(module, seed: int = 0) -> None:
 def test_lora_on_open_clip_towers_trains_the_image_tower_only_and_merges_exactly(family, tmp_path):
     build, size = BUILDERS[family]
     encoder = targets.load(build(tmp_path / "m"))
-    if family == "open_clip-resnet":  # open_clip zero-initialises bn3: a fresh tower's residual branches are off
+    # open_clip zero-initialises bn3: a fresh tower's residual branches are off
+    if family == "open_clip-resnet":
         for name, parameter in encoder.model.named_parameters():
             if name.endswith("bn3.weight"):
                 parameter.data.fill_(1.0)
@@ -118,7 +143,8 @@ def test_lora_on_open_clip_towers_trains_the_image_tower_only_and_merges_exactly
     _perturb_lora(module)
     pixels = _pixels(size, 2)
     live = encoder.embed_with(module, pixels).detach()
-    assert (live - encoder.embed_inputs(pixels)).abs().max() > 1e-6  # not bypassed (a bypass moves exactly 0)
+    # not bypassed (a bypass moves exactly 0)
+    assert (live - encoder.embed_inputs(pixels)).abs().max() > 1e-6
     module.save_pretrained(tmp_path / "adapter")
     merged = encoder.with_adapter(tmp_path / "adapter")
     assert torch.allclose(merged.embed_inputs(pixels), live, atol=1e-5)
@@ -147,25 +173,36 @@ def test_a_checkpoint_naming_ptcs_own_timm_tower_loads_in_a_fresh_process(tmp_pa
 
     ref = f"open_clip:local-dir:{_tiny_eva(tmp_path / 'eva')}"
     expected = targets.load(ref).embed_inputs(_pixels(32, 2))
-    code = ("import sys, torch; from ptc import targets; e = targets.load(sys.argv[1]); "
-            "g = torch.Generator().manual_seed(0); "
-            "print(e.embed_inputs({'pixel_values': torch.randn(2, 3, 32, 32, generator=g)}).sum().item())")
-    result = subprocess.run([sys.executable, "-c", code, ref], capture_output=True, text=True, check=True)
+    code = (
+        "import sys, torch; from ptc import targets; e = targets.load(sys.argv[1]); "
+        "g = torch.Generator().manual_seed(0); "
+        "print(e.embed_inputs({'pixel_values': torch.randn(2, 3, 32, 32, generator=g)}).sum().item())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, ref], capture_output=True, text=True, check=True
+    )
     assert float(result.stdout.strip()) == pytest.approx(expected.sum().item(), rel=1e-5, abs=1e-5)
 
 
-def test_pretraining_logs_plain_progress_lines_when_no_terminal_shows_its_bar(tmp_path, capsys, monkeypatch):
+def test_pretraining_logs_plain_progress_lines_when_no_terminal_shows_its_bar(
+    tmp_path, capsys, monkeypatch
+):
     from ptc import progress
 
     build, size = BUILDERS["hf-clip"]
     encoder = targets.load(build(tmp_path / "init"))
     config = PretrainConfig(steps=40, batch_size=4, lr=1e-2, warmup=1)
     monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)  # a line per step, not one per 10 s
-    pretrain(encoder, _pixels(size), CAPTIONS, config, desc="pretrain clip", device=torch.device("cpu"))
+    pretrain(
+        encoder, _pixels(size), CAPTIONS, config, desc="pretrain clip", device=torch.device("cpu")
+    )
     lines = capsys.readouterr().err.splitlines()  # captured: not a terminal, so plain lines
-    assert [line.split(",")[0] for line in lines] == [f"pretrain clip: {n}/40 steps" for n in range(1, 41)] + \
-        ["pretrain clip: 40/40 steps"]
-    assert re.fullmatch(r"pretrain clip: 39/40 steps, loss \d+\.\d{3}, \d+\.\d s, about \d+\.\d s left", lines[-3])
+    assert [line.split(",")[0] for line in lines] == [
+        f"pretrain clip: {n}/40 steps" for n in range(1, 41)
+    ] + ["pretrain clip: 40/40 steps"]
+    assert re.fullmatch(
+        r"pretrain clip: 39/40 steps, loss \d+\.\d{3}, \d+\.\d s, about \d+\.\d s left", lines[-3]
+    )
     assert re.fullmatch(r"pretrain clip: 40/40 steps, loss \d+\.\d{3}, \d+\.\d s done", lines[-1])
     pretrain(encoder, _pixels(size), CAPTIONS, config, progress=False, device=torch.device("cpu"))
     assert capsys.readouterr().err == ""

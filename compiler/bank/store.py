@@ -26,14 +26,19 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ptc import __version__
-from ptc.errors import BankError, TaskError
-from ptc.files import (file_lock, file_sha256, remove_stale_temporaries, safetensors_header, write_bytes_atomic,
-                   write_json_atomic)
 from ptc.compiler.tasks.grid import TaskSpec, check_name
+from ptc.errors import BankError, TaskError
+from ptc.files import (
+    file_lock,
+    file_sha256,
+    remove_stale_temporaries,
+    safetensors_header,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from ptc.finite import first_non_finite, require_finite
 from ptc.hashing import tensors_sha256
 from ptc.timers import timed
@@ -81,11 +86,16 @@ class TaskRecord:
 def _sealed(record: dict) -> dict:
     """The record with `record_sha256` over its canonical JSON: any changed byte shows."""
     body = {k: v for k, v in record.items() if k != "record_sha256"}
-    return {**body, "record_sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+    return {
+        **body,
+        "record_sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(),
+    }
 
 
 def _seal_intact(record: dict) -> bool:
-    return isinstance(record, dict) and _sealed(record).get("record_sha256") == record.get("record_sha256")
+    return isinstance(record, dict) and _sealed(record).get("record_sha256") == record.get(
+        "record_sha256"
+    )
 
 
 class Bank:
@@ -101,11 +111,19 @@ class Bank:
         """A path that is not a bank is refused before anything in it is read or touched: a
         file, or a folder with content but no bank marker. Missing or empty: a new bank."""
         if self.root.exists() and not self.root.is_dir():
-            raise BankError(f"bank path {self.root} is a file, not a folder", "point --bank at a bank folder")
-        if self.root.is_dir() and not (self.root / MARKER).exists() and \
-                any(p.name not in (SCRATCH, ".locks") for p in self.root.iterdir()):
-            raise BankError(f"{self.root} is not a ptc bank (it has no {MARKER}) and is not empty; ptc will not "
-                            "write into it or clean it up", "point --bank at a bank, or at a new folder")
+            raise BankError(
+                f"bank path {self.root} is a file, not a folder", "point --bank at a bank folder"
+            )
+        if (
+            self.root.is_dir()
+            and not (self.root / MARKER).exists()
+            and any(p.name not in (SCRATCH, ".locks") for p in self.root.iterdir())
+        ):
+            raise BankError(
+                f"{self.root} is not a ptc bank (it has no {MARKER}) and is not empty; ptc will not "
+                "write into it or clean it up",
+                "point --bank at a bank, or at a new folder",
+            )
 
     def _marker_version(self):
         marker = self.root / MARKER
@@ -125,11 +143,15 @@ class Bank:
         if (self.root / MARKER).exists():
             version = self._marker_version()
             if version in UPGRADABLE_FORMATS:
-                raise BankError(f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
-                                f"run `ptc bank upgrade --bank {self.root}` once (it re-seals every entry)")
+                raise BankError(
+                    f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
+                    f"run `ptc bank upgrade --bank {self.root}` once (it re-seals every entry)",
+                )
             if version != BANK_FORMAT:
-                raise BankError(f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
-                                "rebuild the bank with this version (ptc task add, descriptor add)")
+                raise BankError(
+                    f"bank {self.root} has format {version}; this ptc reads format {BANK_FORMAT}",
+                    "rebuild the bank with this version (ptc task add, descriptor add)",
+                )
         self._format_checked = True
 
     # -- generic tensor entries -------------------------------------------------------------
@@ -144,11 +166,16 @@ class Bank:
 
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         # The last gate before the bank: whatever computed these, nothing non-finite is stored.
-        require_finite(tensors, f"{meta.get('kind', 'entry')} for the bank entry {relpath}",
-                       "nothing was stored; the numbers it was computed from overflow")
+        require_finite(
+            tensors,
+            f"{meta.get('kind', 'entry')} for the bank entry {relpath}",
+            "nothing was stored; the numbers it was computed from overflow",
+        )
         self._ensure()
         sha = tensors_sha256(tensors)
-        record = _sealed({**meta, "entry": relpath, "tensors_sha256": sha, "ptc_version": __version__})
+        record = _sealed(
+            {**meta, "entry": relpath, "tensors_sha256": sha, "ptc_version": __version__}
+        )
         # One metadata key only: safetensors writes its metadata map in hash order, which
         # changes from process to process, and bank entries must be byte-reproducible.
         data = safetensors.torch.save(tensors, metadata={"ptc": json.dumps(record, sort_keys=True)})
@@ -161,9 +188,11 @@ class Bank:
         self._check_format()
         entry = self._read_sealed(relpath)
         if entry is not None and entry.meta.get("entry") != relpath:
-            raise BankError(f"bank entry {entry.path} holds the record of {str(entry.meta.get('entry'))!r}, not of "
-                            f"{relpath!r}: it was swapped, renamed or copied in from elsewhere",
-                            f"delete it and recompute, or run `ptc bank verify --bank {self.root}`")
+            raise BankError(
+                f"bank entry {entry.path} holds the record of {str(entry.meta.get('entry'))!r}, not of "
+                f"{relpath!r}: it was swapped, renamed or copied in from elsewhere",
+                f"delete it and recompute, or run `ptc bank verify --bank {self.root}`",
+            )
         return entry
 
     def _read_sealed(self, relpath: str) -> Entry | None:
@@ -177,24 +206,38 @@ class Bank:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise BankError(f"bank entry {path} cannot be read: {exc.strerror}",
-                            "it must be a file ptc wrote; delete it and recompute") from None
+            raise BankError(
+                f"bank entry {path} cannot be read: {exc.strerror}",
+                "it must be a file ptc wrote; delete it and recompute",
+            ) from None
         try:
-            record = json.loads(safetensors_header(io.BytesIO(data), len(data))["__metadata__"]["ptc"])
+            record = json.loads(
+                safetensors_header(io.BytesIO(data), len(data))["__metadata__"]["ptc"]
+            )
             tensors = safetensors.torch.load(data)
         except Exception as exc:  # any parse failure means the file is not what we wrote
-            raise BankError(f"bank entry {path} is corrupt: {exc}",
-                            f"delete it and recompute, or run `ptc bank verify --bank {self.root}`") from None
+            raise BankError(
+                f"bank entry {path} is corrupt: {exc}",
+                f"delete it and recompute, or run `ptc bank verify --bank {self.root}`",
+            ) from None
         sha = tensors_sha256(tensors)
-        if not isinstance(record, dict) or sha != record.get("tensors_sha256") or not _seal_intact(record):
+        if (
+            not isinstance(record, dict)
+            or sha != record.get("tensors_sha256")
+            or not _seal_intact(record)
+        ):
             recorded = record.get("tensors_sha256") if isinstance(record, dict) else None
-            raise BankError(f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
-                            f"!= recorded {str(recorded)[:12]})",
-                            "the file was modified or damaged; delete it and recompute")
+            raise BankError(
+                f"bank entry {path} failed its integrity check (content hash {sha[:12]} "
+                f"!= recorded {str(recorded)[:12]})",
+                "the file was modified or damaged; delete it and recompute",
+            )
         bad = first_non_finite(tensors)
         if bad is not None:
-            raise BankError(f"bank entry {path}: tensor {bad[0]!r} holds NaN or Inf ({bad[1]:,} of {bad[2]:,} values)",
-                            "delete it and recompute")
+            raise BankError(
+                f"bank entry {path}: tensor {bad[0]!r} holds NaN or Inf ({bad[1]:,} of {bad[2]:,} values)",
+                "delete it and recompute",
+            )
         return Entry(path, tensors, record, sha)
 
     def get_or_compute(self, relpath: str, compute) -> tuple[Entry, bool]:
@@ -231,17 +274,24 @@ class Bank:
             if old.grid_hash == grid:
                 return old, False
             if not replace:
-                raise BankError(f"task {spec.name!r} is already registered with another grid "
-                                f"({old.grid_hash[:12]} != {grid[:12]}); its descriptors were made on the old one",
-                                "pass --replace to re-register it, then recompute its descriptors")
+                raise BankError(
+                    f"task {spec.name!r} is already registered with another grid "
+                    f"({old.grid_hash[:12]} != {grid[:12]}); its descriptors were made on the old one",
+                    "pass --replace to re-register it, then recompute its descriptors",
+                )
         self._ensure()
         # Probe paths are stored absolute and relative to the bank: a bank committed next to its
         # probes (the zoo's) reads from any checkout, and a bank copied alone still finds them.
         # The grid hash pins their bytes either way.
-        record = {"name": spec.name, "grid_hash": grid, "probes": [str(Path(p).resolve()) for p in spec.probes],
-                  "probes_from_bank": [self._relative(p) for p in spec.probes],
-                  "classes": list(spec.classes), "templates": list(spec.templates),
-                  "source_file": str(spec.source_file) if spec.source_file else None}
+        record = {
+            "name": spec.name,
+            "grid_hash": grid,
+            "probes": [str(Path(p).resolve()) for p in spec.probes],
+            "probes_from_bank": [self._relative(p) for p in spec.probes],
+            "classes": list(spec.classes),
+            "templates": list(spec.templates),
+            "source_file": str(spec.source_file) if spec.source_file else None,
+        }
         write_json_atomic(existing, _sealed(record), self.scratch)
         return self.task(spec.name), True
 
@@ -260,20 +310,38 @@ class Bank:
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:
-            raise BankError(f"task {name!r} is not registered in the bank {self.root}",
-                            _suggest(name, self.task_names(), "register it with `ptc task add TASK.yaml`")) from None
+            raise BankError(
+                f"task {name!r} is not registered in the bank {self.root}",
+                _suggest(name, self.task_names(), "register it with `ptc task add TASK.yaml`"),
+            ) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BankError(f"bank task record {path} is corrupt: {exc}", "re-register it with `ptc task add`") from None
+            raise BankError(
+                f"bank task record {path} is corrupt: {exc}", "re-register it with `ptc task add`"
+            ) from None
         if not _seal_intact(record):
-            raise BankError(f"bank task record {path} failed its integrity check",
-                            "the file was modified or damaged; re-register it with `ptc task add --replace`")
+            raise BankError(
+                f"bank task record {path} failed its integrity check",
+                "the file was modified or damaged; re-register it with `ptc task add --replace`",
+            )
         if record.get("name") != name:  # the record names its task: a renamed or swapped file shows
-            raise BankError(f"bank task record {path} is the record of task {record.get('name')!r}",
-                            "it was renamed or swapped; re-register the task with `ptc task add --replace`")
-        probes = tuple(self._locate(absolute, relative) for absolute, relative in
-                       zip(record["probes"], record.get("probes_from_bank") or record["probes"]))
-        return TaskRecord(record["name"], record["grid_hash"], probes,
-                          tuple(record["classes"]), tuple(record["templates"]), record.get("source_file"))
+            raise BankError(
+                f"bank task record {path} is the record of task {record.get('name')!r}",
+                "it was renamed or swapped; re-register the task with `ptc task add --replace`",
+            )
+        probes = tuple(
+            self._locate(absolute, relative)
+            for absolute, relative in zip(
+                record["probes"], record.get("probes_from_bank") or record["probes"]
+            )
+        )
+        return TaskRecord(
+            record["name"],
+            record["grid_hash"],
+            probes,
+            tuple(record["classes"]),
+            tuple(record["templates"]),
+            record.get("source_file"),
+        )
 
     # -- descriptors --------------------------------------------------------------------------
     @staticmethod
@@ -284,16 +352,23 @@ class Bank:
         self._check_format()
         return sorted(p.stem for p in (self.root / "descriptors" / task).glob("*.safetensors"))
 
-    def put_descriptor(self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+    def put_descriptor(
+        self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict
+    ) -> Entry:
         """`tensors` holds "utd" (N x M) and, from ptc 0.2 on, "source_affinity" (the source's S_pre)."""
         return self.write_entry(self._descriptor_rel(task, descriptor_id), tensors, meta)
 
     def descriptor(self, task: str, descriptor_id: str) -> Entry:
         entry = self.read_entry(self._descriptor_rel(task, descriptor_id))
         if entry is None:
-            raise BankError(f"no descriptor {descriptor_id!r} for task {task!r} in the bank {self.root}",
-                            _suggest(descriptor_id, self.descriptor_ids(task),
-                                     "add it with `ptc descriptor add --task ... --source ... --finetuned ...`"))
+            raise BankError(
+                f"no descriptor {descriptor_id!r} for task {task!r} in the bank {self.root}",
+                _suggest(
+                    descriptor_id,
+                    self.descriptor_ids(task),
+                    "add it with `ptc descriptor add --task ... --source ... --finetuned ...`",
+                ),
+            )
         return entry
 
     # -- caches keyed by model fingerprint ----------------------------------------------------
@@ -321,8 +396,14 @@ class Bank:
         return self.export_folder(key)
 
     def seal_export(self, key: str, tower: str, files: list[Path]) -> None:
-        record = _sealed({"kind": "export", "entry": f"exports/{key}/{tower}", "ptc_version": __version__,
-                          "files": {path.name: file_sha256(path) for path in files}})
+        record = _sealed(
+            {
+                "kind": "export",
+                "entry": f"exports/{key}/{tower}",
+                "ptc_version": __version__,
+                "files": {path.name: file_sha256(path) for path in files},
+            }
+        )
         write_json_atomic(self.export_folder(key) / f"{tower}.json", record, self.scratch)
 
     def export_problem(self, key: str, tower: str) -> str | None:
@@ -334,8 +415,11 @@ class Bank:
             return f"bank export {path.parent / tower}.onnx is missing or incomplete"
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             return f"bank export record {path} is corrupt: {exc}"
-        if not _seal_intact(record) or record.get("entry") != f"exports/{key}/{tower}" \
-                or not isinstance(record.get("files"), dict):
+        if (
+            not _seal_intact(record)
+            or record.get("entry") != f"exports/{key}/{tower}"
+            or not isinstance(record.get("files"), dict)
+        ):
             return f"bank export record {path} failed its integrity check (modified, or copied from elsewhere)"
         with timed("hash_exports"):
             for name, sha in record["files"].items():
@@ -356,8 +440,11 @@ class Bank:
 
     def entry_paths(self) -> list[str]:
         """Every tensor entry, relative to the root (temporaries left out)."""
-        return [str(p.relative_to(self.root)) for p in sorted(self.root.rglob("*.safetensors"))
-                if not p.name.startswith(".") and SCRATCH not in p.relative_to(self.root).parts]
+        return [
+            str(p.relative_to(self.root))
+            for p in sorted(self.root.rglob("*.safetensors"))
+            if not p.name.startswith(".") and SCRATCH not in p.relative_to(self.root).parts
+        ]
 
     def entry_record(self, relpath: str) -> dict:
         """An entry's sealed record, read off its header alone (no tensor read, nothing checked:
@@ -365,7 +452,9 @@ class Bank:
         path = self.root / relpath
         try:
             with path.open("rb") as handle:
-                return json.loads(safetensors_header(handle, path.stat().st_size)["__metadata__"]["ptc"])
+                return json.loads(
+                    safetensors_header(handle, path.stat().st_size)["__metadata__"]["ptc"]
+                )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return {"unreadable": f"{type(exc).__name__}: {exc}"}
 
@@ -403,10 +492,14 @@ class Bank:
         try:
             grid = self.task(str(entry.meta.get("task"))).grid_hash
         except (BankError, TaskError):
-            return [f"bank entry {entry.path}: its task {entry.meta.get('task')!r} is not registered here"]
+            return [
+                f"bank entry {entry.path}: its task {entry.meta.get('task')!r} is not registered here"
+            ]
         if entry.meta.get("grid_hash") != grid:
-            return [f"bank entry {entry.path} was made on grid {str(entry.meta.get('grid_hash'))[:12]}, but task "
-                    f"{entry.meta.get('task')!r} here has grid {grid[:12]} (copied from another bank?)"]
+            return [
+                f"bank entry {entry.path} was made on grid {str(entry.meta.get('grid_hash'))[:12]}, but task "
+                f"{entry.meta.get('task')!r} here has grid {grid[:12]} (copied from another bank?)"
+            ]
         return []
 
     def upgrade(self) -> tuple[int, list[str]]:
@@ -415,13 +508,18 @@ class Bank:
         and the bank stays at format 2 until every entry passes."""
         self._check_folder()
         if not (self.root / MARKER).is_file():
-            raise BankError(f"{self.root} is not a ptc bank (it has no {MARKER})", "point --bank at a bank folder")
+            raise BankError(
+                f"{self.root} is not a ptc bank (it has no {MARKER})",
+                "point --bank at a bank folder",
+            )
         version = self._marker_version()
         if version == BANK_FORMAT:
             return 0, []
         if version not in UPGRADABLE_FORMATS:
-            raise BankError(f"bank {self.root} has format {version}; ptc upgrades only format "
-                            f"{', '.join(map(str, UPGRADABLE_FORMATS))}")
+            raise BankError(
+                f"bank {self.root} has format {version}; ptc upgrades only format "
+                f"{', '.join(map(str, UPGRADABLE_FORMATS))}"
+            )
         entries, problems = [], []
         for relpath in self.entry_paths():
             try:
@@ -432,9 +530,15 @@ class Bank:
             return 0, problems
         self._format_checked = True  # the checks above are format 2's; write as format 3
         for relpath, entry in entries:
-            meta = {k: v for k, v in entry.meta.items() if k not in ("record_sha256", "tensors_sha256", "ptc_version")}
+            meta = {
+                k: v
+                for k, v in entry.meta.items()
+                if k not in ("record_sha256", "tensors_sha256", "ptc_version")
+            }
             self.write_entry(relpath, entry.tensors, meta)
-        write_json_atomic(self.root / MARKER, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch)
+        write_json_atomic(
+            self.root / MARKER, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch
+        )
         return len(entries), []
 
 

@@ -5,10 +5,14 @@ reports what it finds; `ptc bank verify` is what checks the hashes."""
 from __future__ import annotations
 
 from ptc.compiler.bank.store import MARKER, Bank
-from ptc.errors import BankError
 from ptc.compiler.cli.tables import table
+from ptc.errors import BankError
 
-CACHES = {"embeddings": "embeddings", "factors": "factors", "operator": "operators"}  # record kind -> section
+CACHES = {
+    "embeddings": "embeddings",
+    "factors": "factors",
+    "operator": "operators",
+}  # record kind -> section
 
 
 def _size(paths) -> int:
@@ -20,8 +24,10 @@ def describe(bank: Bank) -> dict:
     cache the entries' count and bytes, grouped by the model they belong to. Every entry is
     placed by its own record (kind, task, model), not by where it lies."""
     if not bank.exists():
-        raise BankError(f"no bank at {bank.root} (no {MARKER} there)",
-                        "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one")
+        raise BankError(
+            f"no bank at {bank.root} (no {MARKER} there)",
+            "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one",
+        )
     entries = {rel: bank.entry_record(rel) for rel in bank.entry_paths()}
     sizes = {rel: (bank.root / rel).stat().st_size for rel in entries}
     descriptors: dict[str, list[dict]] = {}
@@ -29,28 +35,57 @@ def describe(bank: Bank) -> dict:
     for rel, meta in entries.items():
         if meta.get("kind") == "descriptor":
             descriptors.setdefault(meta.get("task"), []).append(
-                {"id": meta.get("id"), "source": meta.get("source_ref"), "finetuned": meta.get("finetuned_ref"),
-                 "shape": meta.get("shape"), "norm": meta.get("norm"), "bytes": sizes[rel]})
+                {
+                    "id": meta.get("id"),
+                    "source": meta.get("source_ref"),
+                    "finetuned": meta.get("finetuned_ref"),
+                    "shape": meta.get("shape"),
+                    "norm": meta.get("norm"),
+                    "bytes": sizes[rel],
+                }
+            )
         elif meta.get("kind") in CACHES:
             model = meta.get("model_ref") or meta.get("target_ref")
-            row = caches[CACHES[meta["kind"]]].setdefault(model, {"model": model, "entries": 0, "bytes": 0,
-                                                                   "tasks": set()})
+            row = caches[CACHES[meta["kind"]]].setdefault(
+                model, {"model": model, "entries": 0, "bytes": 0, "tasks": set()}
+            )
             row["entries"] += 1
             row["bytes"] += sizes[rel]
             row["tasks"].add(meta.get("task", "?"))
     tasks = []
     for name in bank.task_names():
         record = bank.task(name)
-        tasks.append({"task": name, "probes": len(record.probes), "classes": len(record.classes),
-                      "grid": record.grid_hash, "descriptors": sorted(descriptors.get(name, []), key=lambda d: d["id"])})
-    exports = [{"key": folder.name, "towers": sorted(p.stem for p in folder.glob("*.json")), "bytes": _size(folder.iterdir())}
-               for folder in sorted(bank.root.glob("exports/*")) if folder.is_dir()]
-    return {"bank": str(bank.root), "tasks": tasks,
-            **{section: [{**row, "tasks": sorted(row["tasks"])} for row in rows.values()]
-               for section, rows in caches.items()},
-            "exports": exports, "unreadable": {rel: meta["unreadable"] for rel, meta in entries.items()
-                                                if "unreadable" in meta},
-            "bytes": _size(bank.root.rglob("*"))}
+        tasks.append(
+            {
+                "task": name,
+                "probes": len(record.probes),
+                "classes": len(record.classes),
+                "grid": record.grid_hash,
+                "descriptors": sorted(descriptors.get(name, []), key=lambda d: d["id"]),
+            }
+        )
+    exports = [
+        {
+            "key": folder.name,
+            "towers": sorted(p.stem for p in folder.glob("*.json")),
+            "bytes": _size(folder.iterdir()),
+        }
+        for folder in sorted(bank.root.glob("exports/*"))
+        if folder.is_dir()
+    ]
+    return {
+        "bank": str(bank.root),
+        "tasks": tasks,
+        **{
+            section: [{**row, "tasks": sorted(row["tasks"])} for row in rows.values()]
+            for section, rows in caches.items()
+        },
+        "exports": exports,
+        "unreadable": {
+            rel: meta["unreadable"] for rel, meta in entries.items() if "unreadable" in meta
+        },
+        "bytes": _size(bank.root.rglob("*")),
+    }
 
 
 def _mb(count: int) -> str:
@@ -63,17 +98,35 @@ def lines(shown: dict) -> list[str]:
     for task in shown["tasks"]:
         grid = f"{task['probes']} x {task['classes']}"
         for i, d in enumerate(task["descriptors"] or [{}]):
-            rows.append((task["task"] if i == 0 else "", grid if i == 0 else "", task["grid"][:12] if i == 0 else "",
-                         d.get("id", "-"), str(d.get("source") or "-"), str(d.get("finetuned") or "-"),
-                         f"{d['norm']:.4g}" if isinstance(d.get("norm"), (int, float)) else "-"))
+            rows.append(
+                (
+                    task["task"] if i == 0 else "",
+                    grid if i == 0 else "",
+                    task["grid"][:12] if i == 0 else "",
+                    d.get("id", "-"),
+                    str(d.get("source") or "-"),
+                    str(d.get("finetuned") or "-"),
+                    f"{d['norm']:.4g}" if isinstance(d.get("norm"), (int, float)) else "-",
+                )
+            )
     out += table(rows)
     for kind in CACHES.values():
         out += ["", f"{kind}:"]
         rows = [("MODEL", "ENTRIES", "SIZE", "TASKS")] + [
-            (r["model"], str(r["entries"]), _mb(r["bytes"]), ", ".join(r["tasks"])) for r in shown[kind]]
+            (r["model"], str(r["entries"]), _mb(r["bytes"]), ", ".join(r["tasks"]))
+            for r in shown[kind]
+        ]
         out += table(rows) if shown[kind] else ["  (none)"]
     out += ["", "exports:"]
-    out += table([("KEY", "TOWERS", "SIZE")] + [(e["key"], ", ".join(e["towers"]), _mb(e["bytes"]))
-                                                  for e in shown["exports"]]) if shown["exports"] else ["  (none)"]
-    return out + [f"unreadable: {rel} ({why}; `ptc bank verify` checks every entry)"
-                  for rel, why in shown["unreadable"].items()]
+    out += (
+        table(
+            [("KEY", "TOWERS", "SIZE")]
+            + [(e["key"], ", ".join(e["towers"]), _mb(e["bytes"])) for e in shown["exports"]]
+        )
+        if shown["exports"]
+        else ["  (none)"]
+    )
+    return out + [
+        f"unreadable: {rel} ({why}; `ptc bank verify` checks every entry)"
+        for rel, why in shown["unreadable"].items()
+    ]

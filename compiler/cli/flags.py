@@ -15,13 +15,13 @@ from ptc.compiler.recipe.options import option_fields
 ARGUMENTS = {
     "--task": "A task, by the name it is registered under in the bank (`ptc task list`).",
     "--source": "The pre-trained source model: a reference with its scheme (hf:DIR, hf:org/name, "
-                "open_clip:local-dir:DIR).",
+    "open_clip:local-dir:DIR).",
     "--finetuned": "The source's fine-tune: a model reference, a checkpoint folder, or a peft LoRA adapter folder.",
     "--data": "A folder of inputs, read recursively; laid out DIR/<class>/<files> where labels are needed "
-              "(eval, finetune).",
+    "(eval, finetune).",
     "--id": "The descriptor's id in the bank (default: the source's folder name).",
     "--lock-file": "A lock other than the default: what `ptc lock` writes (default RECIPE.lock), what "
-                   "`ptc verify` checks against (default OUTPUT/ptc.lock).",
+    "`ptc verify` checks against (default OUTPUT/ptc.lock).",
     "--replace": "Re-register a task whose grid changed (bank entries are keyed by grid: none is overwritten).",
     "--json": "Print the result as JSON on stdout.",
     "--ray": "Run forward passes and solves as Ray tasks (a cluster address, or 'local').",
@@ -37,10 +37,15 @@ ARGUMENTS = {
 
 def flags() -> dict[str, str]:
     """Every flag of the product's commands and its help: the run options' and the arguments'."""
-    return {**{f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()}, **ARGUMENTS}
+    return {
+        **{f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()},
+        **ARGUMENTS,
+    }
 
 
-def flag(name: str, *declarations: str, table: dict[str, str] | None = None, **settings) -> click.Option:
+def flag(
+    name: str, *declarations: str, table: dict[str, str] | None = None, **settings
+) -> click.Option:
     """click.option for `name`, with its help from `table` (a plugin's own flags) or this one;
     `declarations` add a short form or the parameter's name, `settings` what differs by command
     (required, default, type)."""

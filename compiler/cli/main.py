@@ -13,8 +13,9 @@ from pathlib import Path
 import click
 
 from ptc import __version__
-from ptc.errors import PtcError, condensed, library_hint, library_of
 from ptc.compiler.cli.flags import flag
+from ptc.errors import PtcError, condensed, library_hint, library_of
+
 
 def options(*names: str):
     """The flags of these run options (compiler/recipe/options.py defines each once: flag, default,
@@ -27,6 +28,7 @@ def options(*names: str):
         for name in reversed(names):
             command = _flag(name, defined[name])(command)
         return command
+
     return decorate
 
 
@@ -36,10 +38,20 @@ def _flag(name: str, definition):
         return click.option(meta["flag"], name, flag_value=False, default=True, help=meta["help"])
     if meta["kind"] == "switch":
         return click.option(meta["flag"], name, is_flag=True, help=meta["help"])
-    kind = {"path": click.Path(path_type=Path), "count": click.IntRange(min=1), "text": str,
-            "choice": click.Choice(meta["choices"])}[meta["kind"]]
-    return click.option(meta["flag"], name, type=kind, default=default, show_default=default is not None,
-                        help=meta["help"])
+    kind = {
+        "path": click.Path(path_type=Path),
+        "count": click.IntRange(min=1),
+        "text": str,
+        "choice": click.Choice(meta["choices"]),
+    }[meta["kind"]]
+    return click.option(
+        meta["flag"],
+        name,
+        type=kind,
+        default=default,
+        show_default=default is not None,
+        help=meta["help"],
+    )
 
 
 def _compute(device: str, precision: str):
@@ -71,7 +83,9 @@ def _raise_terminated(signum, frame) -> None:
 def _filesystem_error(exc: OSError) -> str:
     """One line for an operating-system refusal (read-only bank, full disk, a path through a file)."""
     where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{exc.strerror or exc}" + (" (read-only or not yours?)" if isinstance(exc, PermissionError) else "")
+    return f"{where}{exc.strerror or exc}" + (
+        " (read-only or not yours?)" if isinstance(exc, PermissionError) else ""
+    )
 
 
 # -- flags every command takes, wherever they are written ---------------------------------------
@@ -87,8 +101,14 @@ def common_options() -> list[click.Option]:
     from ptc.compiler.cli.flags import ARGUMENTS
 
     def switch(*names):
-        return click.Option(list(names), is_flag=True, expose_value=False, callback=_remember,
-                            help=ARGUMENTS[names[-1]])
+        return click.Option(
+            list(names),
+            is_flag=True,
+            expose_value=False,
+            callback=_remember,
+            help=ARGUMENTS[names[-1]],
+        )
+
     return [switch("--debug"), switch("-q", "--quiet"), switch("-v", "--verbose")]
 
 
@@ -107,14 +127,17 @@ def _apply_common(ctx: click.Context) -> bool:
 
     from ptc.progress import set_verbosity
 
-    debug, quiet, verbose = (bool(ctx.meta.get(f"ptc.{name}")) for name in ("debug", "quiet", "verbose"))
+    debug, quiet, verbose = (
+        bool(ctx.meta.get(f"ptc.{name}")) for name in ("debug", "quiet", "verbose")
+    )
     if quiet and verbose:
         raise click.UsageError("-q and -v: give one or the other", ctx)
     set_verbosity(quiet, verbose)
     if not (debug or verbose):  # libraries' deprecation and config chatter is not for ptc's users
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers is first imported
+        # read when transformers is first imported
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         if "transformers" in sys.modules:
             sys.modules["transformers"].logging.set_verbosity_error()
     return debug
@@ -122,6 +145,7 @@ def _apply_common(ctx: click.Context) -> bool:
 
 def handled(command):
     """Turn library errors into one line and an exit code; --debug shows the traceback."""
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = _apply_common(click.get_current_context())
@@ -145,7 +169,11 @@ def handled(command):
             library = library_of(exc)
             where = f" in {library}" if library else ""
             hint = f"{library_hint(library)}; " if library else ""
-            _fail(f"internal error{where}: {condensed(exc)} (hint: {hint}run with --debug for the traceback)", 1)
+            _fail(
+                f"internal error{where}: {condensed(exc)} (hint: {hint}run with --debug for the traceback)",
+                1,
+            )
+
     return wrapper
 
 
@@ -214,8 +242,11 @@ class PtcGroup(PtcSubgroup):
         except Terminated:
             _fail("terminated (SIGTERM); nothing was written", 143)
         except click.ClickException as exc:
-            hint = f" (hint: see `{_command_path(exc.ctx)} --help`)" \
-                if isinstance(exc, click.UsageError) and exc.ctx else ""
+            hint = (
+                f" (hint: see `{_command_path(exc.ctx)} --help`)"
+                if isinstance(exc, click.UsageError) and exc.ctx
+                else ""
+            )
             _fail(f"{exc.format_message()}{hint}", exc.exit_code)
         finally:
             if threading.current_thread() is threading.main_thread():
@@ -223,7 +254,9 @@ class PtcGroup(PtcSubgroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=PtcGroup, context_settings={"help_option_names": ["-h", "--help"]}, params=common_options())
+@click.group(
+    cls=PtcGroup, context_settings={"help_option_names": ["-h", "--help"]}, params=common_options()
+)
 @click.version_option(__version__, prog_name="ptc")
 def main() -> None:
     """ptc, the platonic task compiler: recipes of signed task sums -> edited encoders."""
@@ -231,6 +264,7 @@ def main() -> None:
 
 def _bank(path: Path | None):
     from ptc.compiler.recipe.options import Options
+
     return Options(bank=path).open_bank()
 
 
@@ -252,8 +286,10 @@ def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
     store = _bank(bank)
     record, changed = store.add_task(load_task(task_file), replace=replace)
     state = "registered" if changed else "already registered (unchanged)"
-    click.echo(f"task {record.name}: {state}; {len(record.probes)} probes x {len(record.classes)} classes, "
-               f"grid {record.grid_hash[:12]} in {store.root}")
+    click.echo(
+        f"task {record.name}: {state}; {len(record.probes)} probes x {len(record.classes)} classes, "
+        f"grid {record.grid_hash[:12]} in {store.root}"
+    )
 
 
 @task.command("list")
@@ -266,16 +302,32 @@ def task_list(bank: Path | None, as_json: bool) -> None:
     rows = []
     for name in store.task_names():
         record = store.task(name)
-        rows.append({"task": name, "probes": len(record.probes), "classes": len(record.classes),
-                     "grid": record.grid_hash, "descriptors": store.descriptor_ids(name)})
+        rows.append(
+            {
+                "task": name,
+                "probes": len(record.probes),
+                "classes": len(record.classes),
+                "grid": record.grid_hash,
+                "descriptors": store.descriptor_ids(name),
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     from ptc.compiler.cli.tables import table
 
-    for line in table([("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")] + [
-            (r["task"], f"{r['probes']} x {r['classes']}", r["grid"][:12], ", ".join(r["descriptors"]) or "-")
-            for r in rows]):
+    for line in table(
+        [("TASK", "GRID (probes x classes)", "GRID HASH", "DESCRIPTORS")]
+        + [
+            (
+                r["task"],
+                f"{r['probes']} x {r['classes']}",
+                r["grid"][:12],
+                ", ".join(r["descriptors"]) or "-",
+            )
+            for r in rows
+        ]
+    ):
         click.echo(line)
 
 
@@ -297,16 +349,27 @@ def descriptor() -> None:
 @flag("--id", "descriptor_id", default=None)
 @options("batch_size", "device", "precision", "bank")
 @handled
-def descriptor_add(task_name, source, finetuned, descriptor_id, batch_size, device, precision, bank) -> None:
+def descriptor_add(
+    task_name, source, finetuned, descriptor_id, batch_size, device, precision, bank
+) -> None:
     """Store UTD = S_ft - S_pre of SOURCE's fine-tune on TASK's grid."""
     from ptc.compiler.sources.descriptor import add_descriptor
 
     store = _bank(bank)
-    entry = add_descriptor(store, task_name, source, finetuned, descriptor_id or _default_id(source),
-                           batch_size=batch_size, compute=_compute(device, precision))
+    entry = add_descriptor(
+        store,
+        task_name,
+        source,
+        finetuned,
+        descriptor_id or _default_id(source),
+        batch_size=batch_size,
+        compute=_compute(device, precision),
+    )
     shape = "x".join(map(str, entry.meta["shape"]))
-    click.echo(f"descriptor {task_name}/{entry.meta['id']}: {shape}, norm {entry.meta['norm']:.4g}, "
-               f"sha {entry.sha256[:12]}")
+    click.echo(
+        f"descriptor {task_name}/{entry.meta['id']}: {shape}, norm {entry.meta['norm']:.4g}, "
+        f"sha {entry.sha256[:12]}"
+    )
 
 
 # -- recipes --------------------------------------------------------------------------------------
@@ -320,22 +383,48 @@ def check(recipe: Path, bank, out, as_json) -> None:
     from ptc.compiler.build.pipeline import plan
     from ptc.compiler.recipe.options import Options
 
-    p = plan(recipe, Options(bank=bank, out=out, export=False))  # check writes nothing: an existing output is fine
+    # check writes nothing: an existing output is fine
+    p = plan(recipe, Options(bank=bank, out=out, export=False))
     if as_json:
-        click.echo(json.dumps({
-            "recipe": str(p.recipe_path), "target": p.recipe.target, "target_location": str(p.target_location),
-            "route": p.recipe.route, "bank": str(p.bank.root), "output": str(p.out_dir) if p.out_dir else None,
-            "terms": [{"task": pt.term.task, "source": pt.term.label, "weight": pt.term.weight,
-                       "sources": list(pt.term.sources), "probes": len(pt.task.probes),
-                       "classes": len(pt.task.classes), "grid": pt.task.grid_hash} for pt in p.terms]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "recipe": str(p.recipe_path),
+                    "target": p.recipe.target,
+                    "target_location": str(p.target_location),
+                    "route": p.recipe.route,
+                    "bank": str(p.bank.root),
+                    "output": str(p.out_dir) if p.out_dir else None,
+                    "terms": [
+                        {
+                            "task": pt.term.task,
+                            "source": pt.term.label,
+                            "weight": pt.term.weight,
+                            "sources": list(pt.term.sources),
+                            "probes": len(pt.task.probes),
+                            "classes": len(pt.task.classes),
+                            "grid": pt.task.grid_hash,
+                        }
+                        for pt in p.terms
+                    ],
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"target {p.recipe.target} -> {p.target_location}")
     click.echo(f"route {p.recipe.route}")
     for pt in p.terms:
         weighting = f", {pt.term.weighting} weights" if pt.term.weighting else ""
-        kind = "" if len(pt.term.sources) == 1 else f", {pt.term.combine} of {len(pt.term.sources)}{weighting}"
-        click.echo(f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.label}{kind}  "
-                   f"({len(pt.task.probes)}x{len(pt.task.classes)}, grid {pt.task.grid_hash[:12]})")
+        kind = (
+            ""
+            if len(pt.term.sources) == 1
+            else f", {pt.term.combine} of {len(pt.term.sources)}{weighting}"
+        )
+        click.echo(
+            f"  {pt.term.weight:+g} x {pt.term.task}/{pt.term.label}{kind}  "
+            f"({len(pt.task.probes)}x{len(pt.task.classes)}, grid {pt.task.grid_hash[:12]})"
+        )
     click.echo(f"bank {p.bank.root}; output {p.out_dir or '(none: set export.out or --out)'}")
     click.echo("ok")
 
@@ -345,25 +434,48 @@ def check(recipe: Path, bank, out, as_json) -> None:
 @options("bank", "out", "force", "batch_size", "device", "precision", "export", "locked")
 @JSON_FLAG
 @handled
-def build(recipe: Path, bank, out, force, batch_size, device, precision, export, locked, as_json) -> None:
+def build(
+    recipe: Path, bank, out, force, batch_size, device, precision, export, locked, as_json
+) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from ptc.compiler.build.pipeline import execute, plan
     from ptc.compiler.recipe.options import Options
     from ptc.progress import verbose
 
-    options = Options(bank=bank, out=out, force=force, batch_size=batch_size, device=device, precision=precision,
-                      export=export, locked=locked)
+    options = Options(
+        bank=bank,
+        out=out,
+        force=force,
+        batch_size=batch_size,
+        device=device,
+        precision=precision,
+        export=export,
+        locked=locked,
+    )
     p = plan(recipe, options)
     report = execute(p, options)
-    if as_json:  # report.json's content, where it went, this run's record and what happened to the lock
-        click.echo(json.dumps({"out": str(report.out_dir) if report.out_dir else None, "report": report.to_json(),
-                               "run": report.run, "recipe_lock": report.recipe_lock}, indent=2, default=str))
+    # report.json's content, where it went, this run's record and what happened to the lock
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "out": str(report.out_dir) if report.out_dir else None,
+                    "report": report.to_json(),
+                    "run": report.run,
+                    "recipe_lock": report.recipe_lock,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return
     for line in report.summary_lines():
         click.echo(line)
     if verbose():
         timings = report.run.get("timings", {})
-        click.echo("stages: " + ", ".join(f"{stage} {seconds:.2f}s" for stage, seconds in timings.items()))
+        click.echo(
+            "stages: " + ", ".join(f"{stage} {seconds:.2f}s" for stage, seconds in timings.items())
+        )
 
 
 @main.command("lock")
@@ -374,9 +486,14 @@ def build(recipe: Path, bank, out, force, batch_size, device, precision, export,
 def lock_command(recipe: Path, bank, lock_file) -> None:
     """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
     from ptc import targets
-
     from ptc.compiler.build.pipeline import plan
-    from ptc.compiler.recipe.lock import lock_document, lock_inputs, previous_lock, recipe_lock_path, write_recipe_lock
+    from ptc.compiler.recipe.lock import (
+        lock_document,
+        lock_inputs,
+        previous_lock,
+        recipe_lock_path,
+        write_recipe_lock,
+    )
     from ptc.compiler.recipe.options import Options
 
     p = plan(recipe, Options(bank=bank, export=False))
@@ -387,7 +504,9 @@ def lock_command(recipe: Path, bank, lock_file) -> None:
         click.echo(f"lock {path}: unchanged ({document['lock_hash'][:12]})")
         return
     write_recipe_lock(path, document)
-    click.echo(f"lock {path}: written ({document['lock_hash'][:12]}; outputs are recorded by `ptc build`)")
+    click.echo(
+        f"lock {path}: written ({document['lock_hash'][:12]}; outputs are recorded by `ptc build`)"
+    )
 
 
 @main.command("verify")
@@ -401,7 +520,9 @@ def verify_command(output: Path, lock_file, as_json) -> None:
 
     checked, problems = verify_output(output, lock_file)
     if as_json:
-        click.echo(json.dumps({"output": str(output), "files": checked, "problems": problems}, indent=2))
+        click.echo(
+            json.dumps({"output": str(output), "files": checked, "problems": problems}, indent=2)
+        )
     else:
         for problem in problems:
             click.echo(f"{output}/{problem}", err=True)
@@ -420,7 +541,11 @@ def diff_command(a: Path, b: Path, as_json) -> None:
     settings, versions, outputs."""
     from ptc.compiler.recipe.lock import describe, differences, load_lock_or_output
 
-    found = [d for d in differences(load_lock_or_output(a), load_lock_or_output(b)) if d["path"] != "seal"]
+    found = [
+        d
+        for d in differences(load_lock_or_output(a), load_lock_or_output(b))
+        if d["path"] != "seal"
+    ]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -443,14 +568,21 @@ def certify(output: Path, data: Path, task_name, batch_size, device, precision, 
 
     if not data.is_dir():
         from ptc.errors import RecipeError
-        raise RecipeError(f"--data: {data} is not a folder", "give a folder of input files (subfolders are read)")
-    figures = certify_output(output, data, task_name, batch_size, compute=_compute(device, precision))
+
+        raise RecipeError(
+            f"--data: {data} is not a folder", "give a folder of input files (subfolders are read)"
+        )
+    figures = certify_output(
+        output, data, task_name, batch_size, compute=_compute(device, precision)
+    )
     if as_json:
         click.echo(json.dumps(figures, indent=2))
         return
-    click.echo(f"{figures['task']}: {figures['certified']}/{figures['inputs']} certified "
-               f"({figures['certified_fraction']:.1%}); certified changed {figures['certified_changed']}, "
-               f"changed in all {figures['changed']}")
+    click.echo(
+        f"{figures['task']}: {figures['certified']}/{figures['inputs']} certified "
+        f"({figures['certified_fraction']:.1%}); certified changed {figures['certified_changed']}, "
+        f"changed in all {figures['changed']}"
+    )
 
 
 # -- evaluation, fine-tuning, bank ----------------------------------------------------------------
@@ -465,11 +597,15 @@ def eval_command(model, task_name, data, as_json, batch_size, device, precision,
     """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
     from ptc.compiler.verify.evaluate import evaluate
 
-    result = evaluate(model, _bank(bank).task(task_name), data, batch_size, compute=_compute(device, precision))
+    result = evaluate(
+        model, _bank(bank).task(task_name), data, batch_size, compute=_compute(device, precision)
+    )
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        click.echo(f"{task_name}: top-1 {result['accuracy']:.4f} ({result['correct']}/{result['total']})")
+        click.echo(
+            f"{task_name}: top-1 {result['accuracy']:.4f} ({result['correct']}/{result['total']})"
+        )
 
 
 @main.command()
@@ -479,15 +615,20 @@ def eval_command(model, task_name, data, as_json, batch_size, device, precision,
 @flag("--rank", type=click.IntRange(min=1), default=4, show_default=True)
 @flag("--steps", type=click.IntRange(min=1), default=250, show_default=True)
 @flag("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@flag("--lora-dropout", "dropout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0, show_default=True)
+@flag(
+    "--lora-dropout",
+    "dropout",
+    type=click.FloatRange(0.0, 1.0, max_open=True),
+    default=0.0,
+    show_default=True,
+)
 @options("out", "force", "device", "bank")
 @handled
 def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, device, bank) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
     from ptc import targets
-
-    from ptc.errors import OutputError
     from ptc.compiler.sources.finetune import finetune_lora
+    from ptc.errors import OutputError
     from ptc.files import check_output_location, check_replaceable
     from ptc.progress import note
 
@@ -502,12 +643,24 @@ def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, dev
         if not force:
             raise OutputError(f"{out} exists and is not empty", "pass --force to replace it")
         check_replaceable(out)
-    stats = finetune_lora(targets.load(model), store.task(task_name), data, out, rank=rank,
-                          alpha=2 * rank, steps=steps, seed=seed, dropout=dropout, replace=force,
-                          device=_compute(device, "fp32").resolved(),
-                          echo=note)
-    click.echo(f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
-               f"last batch accuracy {stats['final_batch_accuracy']:.2f})")
+    stats = finetune_lora(
+        targets.load(model),
+        store.task(task_name),
+        data,
+        out,
+        rank=rank,
+        alpha=2 * rank,
+        steps=steps,
+        seed=seed,
+        dropout=dropout,
+        replace=force,
+        device=_compute(device, "fp32").resolved(),
+        echo=note,
+    )
+    click.echo(
+        f"adapter -> {out} ({stats['steps']} steps, loss {stats['final_loss']:.3f}, "
+        f"last batch accuracy {stats['final_batch_accuracy']:.2f})"
+    )
 
 
 @main.group("bank")
@@ -528,9 +681,19 @@ def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, 
 
     plan = load_plan(plan_file)
     store = _bank(bank)
-    counts = run_plan(plan, store, ray_address, replace, batch_size, compute=_compute(device, precision))
-    figures = ", ".join(f"{k.replace('_', ' ')} {counts.get(k, 0)}" for k in (
-        "tasks_registered", "descriptors_computed", "embeddings_computed", "factors_computed", "operators_solved"))
+    counts = run_plan(
+        plan, store, ray_address, replace, batch_size, compute=_compute(device, precision)
+    )
+    figures = ", ".join(
+        f"{k.replace('_', ' ')} {counts.get(k, 0)}"
+        for k in (
+            "tasks_registered",
+            "descriptors_computed",
+            "embeddings_computed",
+            "factors_computed",
+            "operators_solved",
+        )
+    )
     where = f"Ray at {ray_address}" if ray_address else "in-process"
     click.echo(f"bank {store.root} ({where}): {figures}")
 
@@ -563,8 +726,11 @@ def bank_upgrade(bank) -> None:
         click.echo(problem, err=True)
     if problems:
         from ptc.errors import BankError
-        raise BankError(f"{len(problems)} entries of {store.root} failed their check; nothing was upgraded",
-                        "delete those entries (they are recomputed on demand), then upgrade again")
+
+        raise BankError(
+            f"{len(problems)} entries of {store.root} failed their check; nothing was upgraded",
+            "delete those entries (they are recomputed on demand), then upgrade again",
+        )
     click.echo(f"bank {store.root}: {count} entries re-sealed (format 3)")
 
 

@@ -6,4 +6,6 @@ from __future__ import annotations
 def table(rows: list[tuple[str, ...]]) -> list[str]:
     """Aligned columns, the first row a header; trailing spaces trimmed."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ptc.targets.base import Batch, Trainable, batch_len, batch_rows
-
-from ptc.compiler.method.descriptor import affinity
 from ptc.compiler.edit.lora import attach_lora, train
+from ptc.compiler.method.descriptor import affinity
+from ptc.targets.base import Batch, Trainable, batch_len, batch_rows
 
 
 @dataclass(frozen=True)
@@ -24,10 +23,10 @@ class GridGoal:
     """What the adapter must reproduce on one grid (all tensors on the training device)."""
 
     name: str
-    inputs: Batch               # preprocessed probes (N rows)
-    class_rows: torch.Tensor    # M x d, the target's frozen text side
+    inputs: Batch  # preprocessed probes (N rows)
+    class_rows: torch.Tensor  # M x d, the target's frozen text side
     pre_affinity: torch.Tensor  # N x M, the unedited target
-    goal: torch.Tensor          # N x M, sum of w_l U_l over the grid's terms
+    goal: torch.Tensor  # N x M, sum of w_l U_l over the grid's terms
 
 
 def _batches(count: int, size: int, generator: torch.Generator):
@@ -35,7 +34,7 @@ def _batches(count: int, size: int, generator: torch.Generator):
     while True:
         order = torch.randperm(count, generator=generator)
         for start in range(0, count, size):
-            yield order[start:start + size]
+            yield order[start : start + size]
 
 
 def planned_steps(goals: list[GridGoal], batch_size: int, epochs: int, max_steps: int) -> int:
@@ -43,9 +42,21 @@ def planned_steps(goals: list[GridGoal], batch_size: int, epochs: int, max_steps
     return min(epochs * per_epoch, max_steps)
 
 
-def fit_adapter(encoder: Trainable, goals: list[GridGoal], out_dir: Path, *, rank: int, alpha: float | None,
-                epochs: int, max_steps: int, lr: float, batch_size: int, seed: int,
-                device: torch.device, progress: bool = True):
+def fit_adapter(
+    encoder: Trainable,
+    goals: list[GridGoal],
+    out_dir: Path,
+    *,
+    rank: int,
+    alpha: float | None,
+    epochs: int,
+    max_steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    progress: bool = True,
+):
     """Train, save the (unmerged) peft adapter to `out_dir`, return (module, stats)."""
     module = attach_lora(encoder, rank, alpha, seed, device)
     generator = torch.Generator().manual_seed(seed)
@@ -56,13 +67,22 @@ def fit_adapter(encoder: Trainable, goals: list[GridGoal], out_dir: Path, *, ran
         total = 0.0
         for goal, stream in zip(goals, streams):
             idx = next(stream).to(device)
-            moved = affinity(encoder.embed_with(module, batch_rows(goal.inputs, idx)), goal.class_rows) - goal.pre_affinity[idx]
+            moved = (
+                affinity(encoder.embed_with(module, batch_rows(goal.inputs, idx)), goal.class_rows)
+                - goal.pre_affinity[idx]
+            )
             total = total + (moved - goal.goal[idx]).square().mean()
         return total, {}
 
     figures = train(module, steps, step_loss, lr, "adapter", progress)
     module.eval()
     module.save_pretrained(out_dir)
-    return module, {"steps": steps, "final_loss": figures.get("loss"), "rank": rank,
-                    "alpha": module.peft_config["default"].lora_alpha, "seed": seed, "lr": lr,
-                    "device": str(device)}
+    return module, {
+        "steps": steps,
+        "final_loss": figures.get("loss"),
+        "rank": rank,
+        "alpha": module.peft_config["default"].lora_alpha,
+        "seed": seed,
+        "lr": lr,
+        "device": str(device),
+    }

@@ -4,27 +4,39 @@ deterministic under a seed and runs on a GPU when one is present."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from ptc.errors import InputError
 from ptc.progress import Progress
 from ptc.targets.base import Trainable
-from ptc.errors import InputError
 
 
 def check_lora_dropout(encoder: Trainable, dropout: float) -> None:
     """Refuse a LoRA dropout rate the encoder's adapter cannot take, before any training."""
     if not 0 <= dropout < 1:
-        raise InputError(f"LoRA dropout {dropout} is outside [0, 1)", "--lora-dropout takes 0 (none) or a rate such as 0.1")
+        raise InputError(
+            f"LoRA dropout {dropout} is outside [0, 1)",
+            "--lora-dropout takes 0 (none) or a rate such as 0.1",
+        )
     if dropout and encoder.lora_targets.get("target_parameters"):
         # peft adds such a LoRA to the weight itself (ParamWrapper), where no input is dropped.
-        raise InputError(f"{encoder.ref}: LoRA dropout needs LoRA on modules, and this model's adapts parameters "
-                         f"({encoder.lora_targets['target_parameters'][0]}, ...)", "use --lora-dropout 0 for it")
+        raise InputError(
+            f"{encoder.ref}: LoRA dropout needs LoRA on modules, and this model's adapts parameters "
+            f"({encoder.lora_targets['target_parameters'][0]}, ...)",
+            "use --lora-dropout 0 for it",
+        )
 
 
-def attach_lora(encoder: Trainable, rank: int, alpha: float | None, seed: int, device: torch.device,
-                dropout: float = 0.0):
+def attach_lora(
+    encoder: Trainable,
+    rank: int,
+    alpha: float | None,
+    seed: int,
+    device: torch.device,
+    dropout: float = 0.0,
+):
     """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
     `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
     from peft import LoraConfig, get_peft_model
@@ -39,8 +51,14 @@ def attach_lora(encoder: Trainable, rank: int, alpha: float | None, seed: int, d
     return module
 
 
-def train(module, steps: int, step_loss: Callable[[int], tuple[torch.Tensor, dict]], lr: float,
-          desc: str, progress: bool = True) -> dict:
+def train(
+    module,
+    steps: int,
+    step_loss: Callable[[int], tuple[torch.Tensor, dict]],
+    lr: float,
+    desc: str,
+    progress: bool = True,
+) -> dict:
     """Run `steps` AdamW steps of `step_loss(step) -> (loss, figures for the progress bar)`."""
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
     figures: dict = {}

@@ -6,23 +6,33 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ptc.targets.base import DualEncoder
 from ptc.compiler.bank.store import Bank, Entry, TaskRecord
 from ptc.compiler.embed import GridEmbeddings
-from ptc.errors import BankError
-from ptc.timers import timed
 from ptc.compiler.method.ridge import GridFactors, factorize, solve_operator
+from ptc.errors import BankError
+from ptc.targets.base import DualEncoder
+from ptc.timers import timed
 
 
 def factors_record(target_ref: str, task: TaskRecord, factors: GridFactors):
-    return factors.as_tensors(), {"kind": "factors", "target_ref": target_ref, "task": task.name,
-                                  "grid_hash": task.grid_hash}
+    return factors.as_tensors(), {
+        "kind": "factors",
+        "target_ref": target_ref,
+        "task": task.name,
+        "grid_hash": task.grid_hash,
+    }
 
 
 def operator_record(target_ref: str, task: TaskRecord, descriptor: Entry, ridge: float, operator):
-    return {"operator": operator.float()}, {"kind": "operator", "target_ref": target_ref, "task": task.name,
-                                            "source": descriptor.meta.get("id"), "grid_hash": task.grid_hash,
-                                            "descriptor_sha256": descriptor.sha256, "ridge": ridge}
+    return {"operator": operator.float()}, {
+        "kind": "operator",
+        "target_ref": target_ref,
+        "task": task.name,
+        "source": descriptor.meta.get("id"),
+        "grid_hash": task.grid_hash,
+        "descriptor_sha256": descriptor.sha256,
+        "ridge": ridge,
+    }
 
 
 def timed_factorize(emb: GridEmbeddings) -> GridFactors:
@@ -37,23 +47,46 @@ def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float):
 
 def check_operator(entry: Entry, embed_dim: int, edit_width: int) -> Entry:
     if entry.tensors["operator"].shape != (embed_dim, edit_width):
-        raise BankError(f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target's "
-                        f"edits are {embed_dim} x {edit_width}", "delete the entry and rebuild")
+        raise BankError(
+            f"operator {entry.path} is {tuple(entry.tensors['operator'].shape)}, the target's "
+            f"edits are {embed_dim} x {edit_width}",
+            "delete the entry and rebuild",
+        )
     return entry
 
 
-def ensure_factors(bank: Bank, target_key: str, target: DualEncoder, task: TaskRecord, emb: GridEmbeddings,
-                   counts: Counter) -> GridFactors:
-    entry, computed = bank.get_or_compute(bank.factors_rel(target_key, task.grid_hash),
-                                          lambda: factors_record(target.ref, task, timed_factorize(emb)))
+def ensure_factors(
+    bank: Bank,
+    target_key: str,
+    target: DualEncoder,
+    task: TaskRecord,
+    emb: GridEmbeddings,
+    counts: Counter,
+) -> GridFactors:
+    entry, computed = bank.get_or_compute(
+        bank.factors_rel(target_key, task.grid_hash),
+        lambda: factors_record(target.ref, task, timed_factorize(emb)),
+    )
     counts["factors_computed"] += computed
     return GridFactors.from_tensors(entry.tensors)
 
 
-def ensure_operator(bank: Bank, target_key: str, target: DualEncoder, task: TaskRecord, descriptor: Entry,
-                    factors: GridFactors, ridge: float, counts: Counter) -> Entry:
+def ensure_operator(
+    bank: Bank,
+    target_key: str,
+    target: DualEncoder,
+    task: TaskRecord,
+    descriptor: Entry,
+    factors: GridFactors,
+    ridge: float,
+    counts: Counter,
+) -> Entry:
     relpath = bank.operator_rel(target_key, task.grid_hash, descriptor.sha256, ridge)
     entry, computed = bank.get_or_compute(
-        relpath, lambda: operator_record(target.ref, task, descriptor, ridge, timed_solve(factors, descriptor, ridge)))
+        relpath,
+        lambda: operator_record(
+            target.ref, task, descriptor, ridge, timed_solve(factors, descriptor, ridge)
+        ),
+    )
     counts["operators_solved"] += computed
     return check_operator(entry, target.embed_dim, target.edit_width)

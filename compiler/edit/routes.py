@@ -19,19 +19,24 @@ from typing import get_args
 import torch
 from safetensors.torch import load_file
 
-from ptc.targets.base import Batch, DualEncoder, Family, batch_to
-
 from ptc.compiler.edit.adapter import GridGoal, fit_adapter
-from ptc.compiler.method.descriptor import affinity
-from ptc.compiler.embed import GridEmbeddings, embed_probe_files
-from ptc.finite import require_finite
-from ptc.hashing import tensors_sha256
 from ptc.compiler.edit.operators import ensure_factors, ensure_operator
+from ptc.compiler.embed import GridEmbeddings, embed_probe_files
+from ptc.compiler.method.descriptor import affinity
+from ptc.compiler.method.ridge import GridFactors, edited_embeddings, factorize, solve_operator
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.plan import Plan
 from ptc.compiler.recipe.schema import RouteName
-from ptc.compiler.method.ridge import GridFactors, edited_embeddings, factorize, solve_operator
-from ptc.compiler.verify.checks import descriptor_residual, embedding_equivalence, linearity, max_abs_difference, require
+from ptc.compiler.verify.checks import (
+    descriptor_residual,
+    embedding_equivalence,
+    linearity,
+    max_abs_difference,
+    require,
+)
+from ptc.finite import require_finite
+from ptc.hashing import tensors_sha256
+from ptc.targets.base import Batch, DualEncoder, Family, batch_to
 
 
 @dataclass
@@ -39,8 +44,11 @@ class Run:
     """Mutable bookkeeping of one execution: stage timings and cache counters."""
 
     timings: dict[str, float] = field(default_factory=dict)
-    counts: Counter = field(default_factory=lambda: Counter(embeddings_computed=0, factors_computed=0,
-                                                            operators_solved=0))
+    counts: Counter = field(
+        default_factory=lambda: Counter(
+            embeddings_computed=0, factors_computed=0, operators_solved=0
+        )
+    )
 
     @contextmanager
     def stage(self, name: str):
@@ -57,7 +65,9 @@ class Check:
 
     paths: list[Path]
     batch: Batch
-    base: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the target's (z, R) of them, if cached
+    base: tuple[torch.Tensor, torch.Tensor | None] | None = (
+        None  # the target's (z, R) of them, if cached
+    )
 
 
 @dataclass
@@ -72,7 +82,9 @@ class Edit:
     lock: dict
     term_hashes: list[str | None]
     card: str
-    term_edits: list[torch.Tensor] | None = None  # per-term signed edits (closed form): the certificate's input
+    term_edits: list[torch.Tensor] | None = (
+        None  # per-term signed edits (closed form): the certificate's input
+    )
 
 
 def grid_goals(plan_: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
@@ -91,53 +103,104 @@ def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> di
         mine = [pt for pt in plan_.terms if pt.task.name == name]
         used = {source for pt in mine for source in pt.term.sources}
         descriptors = [pt.descriptor.tensors["utd"] for pt in mine][:3]
-        for extra in [i for i in plan_.bank.descriptor_ids(name) if i not in used][:3 - len(descriptors)]:
+        for extra in [i for i in plan_.bank.descriptor_ids(name) if i not in used][
+            : 3 - len(descriptors)
+        ]:
             descriptors.append(plan_.bank.descriptor(name, extra).tensors["utd"])
         per_task[name] = linearity(grid_factors, descriptors, ridge)
-    return {"max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
-            "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
-            "per_task": per_task}
+    return {
+        "max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
+        "max_rel_diff_fp32": max(v["max_rel_diff_fp32"] for v in per_task.values()),
+        "per_task": per_task,
+    }
 
 
-def _embedding_operator_reference(plan_: Plan, grids: dict[str, GridEmbeddings], ridge: float) -> dict | None:
+def _embedding_operator_reference(
+    plan_: Plan, grids: dict[str, GridEmbeddings], ridge: float
+) -> dict | None:
     """Where the edit acts through other rows than z (a residual pooling head), the paper reads
     it against the same solve as a d x d operator applied outside the model, which no weight
     edit of that architecture realizes: its descriptor residual per grid, reported only."""
     if all(emb.regressors is None for emb in grids.values()):
         return None
     factors = {name: factorize(emb.inputs, emb.class_rows) for name, emb in grids.items()}
-    operator = sum(pt.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
-                   for pt in plan_.terms)
+    operator = sum(
+        pt.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
+        for pt in plan_.terms
+    )
     goals = grid_goals(plan_, grids)
-    return {"descriptor_residual": {
-        name: descriptor_residual(edited_embeddings(emb.inputs, None, operator), emb.inputs, emb.class_rows,
-                                  goals[name]) for name, emb in grids.items()},
-        "operator_norm": float(operator.norm())}
+    return {
+        "descriptor_residual": {
+            name: descriptor_residual(
+                edited_embeddings(emb.inputs, None, operator),
+                emb.inputs,
+                emb.class_rows,
+                goals[name],
+            )
+            for name, emb in grids.items()
+        },
+        "operator_norm": float(operator.norm()),
+    }
 
 
 def edited_check_outputs(edited: DualEncoder, check: Check) -> torch.Tensor:
     outputs = edited.embed_inputs(check.batch)
-    require_finite({"embeddings": outputs}, "the edited model on the check inputs",
-                   "nothing was written; the edit overflows the model's numbers (lower the terms' weights)")
+    require_finite(
+        {"embeddings": outputs},
+        "the edited model on the check inputs",
+        "nothing was written; the edit overflows the model's numbers (lower the terms' weights)",
+    )
     return outputs
 
 
-def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[str, GridEmbeddings],
-                check: Check, run: Run, options: Options) -> Edit:
+def closed_form(
+    plan_: Plan,
+    target: DualEncoder,
+    target_key: str,
+    grids: dict[str, GridEmbeddings],
+    check: Check,
+    run: Run,
+    options: Options,
+) -> Edit:
     recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
     with run.stage("factorize"):
-        factors = {name: ensure_factors(plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts)
-                   for name, emb in grids.items()}
+        factors = {
+            name: ensure_factors(
+                plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts
+            )
+            for name, emb in grids.items()
+        }
     with run.stage("solve"):
-        operators = [ensure_operator(plan_.bank, target_key, target, pt.task, pt.descriptor,
-                                     factors[pt.task.name], ridge, run.counts) for pt in plan_.terms]
-        term_edits = [pt.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators)]
+        operators = [
+            ensure_operator(
+                plan_.bank,
+                target_key,
+                target,
+                pt.task,
+                pt.descriptor,
+                factors[pt.task.name],
+                ridge,
+                run.counts,
+            )
+            for pt in plan_.terms
+        ]
+        term_edits = [
+            pt.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators)
+        ]
         edit = sum(term_edits)
-        require_finite({"edit": edit}, "the recipe's signed sum of operators", "lower the terms' weights")
+        require_finite(
+            {"edit": edit}, "the recipe's signed sum of operators", "lower the terms' weights"
+        )
     with run.stage("verify_linearity"):
         lin = _linearity(plan_, factors, ridge)
-        require("linearity max_rel_diff_fp64", lin["max_rel_diff_fp64"], recipe.verify.linearity_rtol_fp64)
-        require("linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol)
+        require(
+            "linearity max_rel_diff_fp64",
+            lin["max_rel_diff_fp64"],
+            recipe.verify.linearity_rtol_fp64,
+        )
+        require(
+            "linearity max_rel_diff_fp32", lin["max_rel_diff_fp32"], recipe.verify.linearity_rtol
+        )
     with run.stage("fold"):
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
@@ -146,33 +209,65 @@ def closed_form(plan_: Plan, target: DualEncoder, target_key: str, grids: dict[s
         diff = embedding_equivalence(base, check_outputs, edit)
         require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
     # The fold is exact (just checked), so the edited grid embeddings follow from the cache.
-    grid_inputs = {name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()}
+    grid_inputs = {
+        name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()
+    }
     report = {"linearity": lin, "operator_norm": float(edit.norm()), "edit_shape": list(edit.shape)}
     reference = _embedding_operator_reference(plan_, grids, ridge)
     if reference is not None:
         report["embedding_operator_reference"] = reference
-    return Edit(edited, grid_inputs, check_outputs, diff, report, {"solve": {"ridge": ridge}}, [op.sha256 for op in operators],
-                f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}",
-                term_edits)
+    return Edit(
+        edited,
+        grid_inputs,
+        check_outputs,
+        diff,
+        report,
+        {"solve": {"ridge": ridge}},
+        [op.sha256 for op in operators],
+        f"The closed-form edit (the signed sum of the operators below) is folded into {target.edit_site}",
+        term_edits,
+    )
 
 
-def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridEmbeddings],
-             check: Check, run: Run, options: Options) -> Edit:
+def adapter(
+    plan_: Plan,
+    target: Family,
+    target_key: str,
+    grids: dict[str, GridEmbeddings],
+    check: Check,
+    run: Run,
+    options: Options,
+) -> Edit:
     cfg, device = plan_.recipe.adapter, options.compute().resolved()
     goals = grid_goals(plan_, grids)
     with run.stage("adapter_inputs"):
         fit_goals = []
         for name, emb in grids.items():
             task = plan_.bank.task(name)
-            fit_goals.append(GridGoal(name, batch_to(target.load_inputs(list(task.probes)), device),
-                                      emb.class_rows.float().to(device),
-                                      affinity(emb.inputs.double(), emb.class_rows).float().to(device),
-                                      goals[name].float().to(device)))
+            fit_goals.append(
+                GridGoal(
+                    name,
+                    batch_to(target.load_inputs(list(task.probes)), device),
+                    emb.class_rows.float().to(device),
+                    affinity(emb.inputs.double(), emb.class_rows).float().to(device),
+                    goals[name].float().to(device),
+                )
+            )
     with tempfile.TemporaryDirectory(prefix="ptc-adapter-") as folder, run.stage("adapter_train"):
-        module, stats = fit_adapter(target, fit_goals, Path(folder), rank=cfg.rank, alpha=cfg.alpha,
-                                    epochs=cfg.epochs, max_steps=cfg.max_steps, lr=cfg.lr,
-                                    batch_size=cfg.batch_size, seed=cfg.seed, device=device,
-                                    progress=options.progress)
+        module, stats = fit_adapter(
+            target,
+            fit_goals,
+            Path(folder),
+            rank=cfg.rank,
+            alpha=cfg.alpha,
+            epochs=cfg.epochs,
+            max_steps=cfg.max_steps,
+            lr=cfg.lr,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            device=device,
+            progress=options.progress,
+        )
         adapter_sha = tensors_sha256(load_file(Path(folder) / "adapter_model.safetensors"))
         edited = target.with_adapter(Path(folder))  # merged: no LoRA modules are exported
     with run.stage("verify_torch"):
@@ -180,14 +275,33 @@ def adapter(plan_: Plan, target: Family, target_key: str, grids: dict[str, GridE
             unmerged = target.embed_with(module.cpu(), check.batch)
         check_outputs = edited_check_outputs(edited, check)
         diff = max_abs_difference(check_outputs, unmerged)
-        require("torch_max_abs_diff (merged vs unmerged adapter)", diff, plan_.recipe.verify.equivalence_atol)
+        require(
+            "torch_max_abs_diff (merged vs unmerged adapter)",
+            diff,
+            plan_.recipe.verify.equivalence_atol,
+        )
     with run.stage("embed_edited"):
-        grid_inputs = {name: embed_probe_files(edited, list(plan_.bank.task(name).probes), options.batch_size,
-                                               f"edited {name}", options.progress) for name in grids}
-    return Edit(edited, grid_inputs, check_outputs, diff, {"adapter": stats, "linearity": None},
-                {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}}, [None] * len(plan_.terms),
-                f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
-                "signed sum of the descriptors below and merged into the weights")
+        grid_inputs = {
+            name: embed_probe_files(
+                edited,
+                list(plan_.bank.task(name).probes),
+                options.batch_size,
+                f"edited {name}",
+                options.progress,
+            )
+            for name in grids
+        }
+    return Edit(
+        edited,
+        grid_inputs,
+        check_outputs,
+        diff,
+        {"adapter": stats, "linearity": None},
+        {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}},
+        [None] * len(plan_.terms),
+        f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
+        "signed sum of the descriptors below and merged into the weights",
+    )
 
 
 # Every route the recipe schema names (recipe.RouteName), found here as the function of that name.

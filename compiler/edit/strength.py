@@ -23,19 +23,23 @@ from __future__ import annotations
 
 import torch
 
-from ptc.compiler.method.descriptor import affinity, centred
 from ptc.compiler.embed import GridEmbeddings
-from ptc.compiler.recipe.schema import Strength
+from ptc.compiler.method.descriptor import affinity, centred
 from ptc.compiler.method.ridge import edit_regressors, factorize, solve_operator
+from ptc.compiler.recipe.schema import Strength
 
 
 def _rows(emb: GridEmbeddings, mask: torch.Tensor | None = None) -> torch.Tensor:
     if mask is None:
         return edit_regressors(emb.inputs, emb.regressors)
-    return edit_regressors(emb.inputs[mask], None if emb.regressors is None else emb.regressors[mask])
+    return edit_regressors(
+        emb.inputs[mask], None if emb.regressors is None else emb.regressors[mask]
+    )
 
 
-def _induced(emb: GridEmbeddings, operator: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def _induced(
+    emb: GridEmbeddings, operator: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     return _rows(emb, mask) @ operator.T @ emb.class_rows.double().T
 
 
@@ -57,8 +61,13 @@ def nonnegative_least_squares(gram: torch.Tensor, rhs: torch.Tensor) -> torch.Te
     return solution
 
 
-def choose_strengths(terms: list[tuple[str, torch.Tensor, float]], grids: dict[str, GridEmbeddings],
-                     controls: dict[str, GridEmbeddings], ridge: float, config: Strength) -> dict:
+def choose_strengths(
+    terms: list[tuple[str, torch.Tensor, float]],
+    grids: dict[str, GridEmbeddings],
+    controls: dict[str, GridEmbeddings],
+    ridge: float,
+    config: Strength,
+) -> dict:
     """terms: (task, descriptor, sign) per term. Returns the signed weights and why."""
     count = len(terms)
     gram = torch.zeros(count, count, dtype=torch.float64)
@@ -72,8 +81,11 @@ def choose_strengths(terms: list[tuple[str, torch.Tensor, float]], grids: dict[s
         for task, u, sign in terms:
             emb = grids[task]
             fit = ~_fold_masks(emb.inputs.shape[0], config.folds)[k]
-            factors = factorize(emb.inputs[fit], emb.class_rows,
-                                None if emb.regressors is None else emb.regressors[fit])
+            factors = factorize(
+                emb.inputs[fit],
+                emb.class_rows,
+                None if emb.regressors is None else emb.regressors[fit],
+            )
             operators.append(sign * solve_operator(factors, u.double()[fit], ridge))
         for g in term_tasks:
             held = _fold_masks(grids[g].inputs.shape[0], config.folds)[k]
@@ -93,36 +105,69 @@ def choose_strengths(terms: list[tuple[str, torch.Tensor, float]], grids: dict[s
         control_induced[name] = [centred(_induced(emb, a)) for a in full]
         for i in range(count):
             for j in range(count):
-                gram[i, j] += (config.control_weight / len(controls) * float(
-                    (control_induced[name][i] * control_induced[name][j]).sum()) / control_scale[name])
+                gram[i, j] += (
+                    config.control_weight
+                    / len(controls)
+                    * float((control_induced[name][i] * control_induced[name][j]).sum())
+                    / control_scale[name]
+                )
     magnitudes = nonnegative_least_squares(gram, rhs).clamp(max=config.max_weight)
 
     def figures(m: torch.Tensor) -> dict:
         held = {}
         for g in term_tasks:
-            residual = sum(float((sum(m[i] * parts[i] for i in range(count))
-                                  - goal[g][_fold_masks(grids[g].inputs.shape[0], config.folds)[k]]).square().sum())
-                           for k, parts in enumerate(induced_held[g]))
+            residual = sum(
+                float(
+                    (
+                        sum(m[i] * parts[i] for i in range(count))
+                        - goal[g][_fold_masks(grids[g].inputs.shape[0], config.folds)[k]]
+                    )
+                    .square()
+                    .sum()
+                )
+                for k, parts in enumerate(induced_held[g])
+            )
             held[g] = (residual / goal_scale[g]) ** 0.5
-        moved = {c: float(sum(m[i] * control_induced[c][i] for i in range(count)).square().sum()
-                          / control_scale[c]) ** 0.5 for c in controls}
+        moved = {
+            c: float(
+                sum(m[i] * control_induced[c][i] for i in range(count)).square().sum()
+                / control_scale[c]
+            )
+            ** 0.5
+            for c in controls
+        }
         return {"heldout_residual": held, "control_movement": moved}
 
-    return {"weights": [float(sign * m) for (_, _, sign), m in zip(terms, magnitudes)],
-            "chosen": figures(magnitudes), "at_fixed_0.5": figures(torch.full((count,), 0.5, dtype=torch.float64))}
+    return {
+        "weights": [float(sign * m) for (_, _, sign), m in zip(terms, magnitudes)],
+        "chosen": figures(magnitudes),
+        "at_fixed_0.5": figures(torch.full((count,), 0.5, dtype=torch.float64)),
+    }
 
 
 def solve_operator_on(emb: GridEmbeddings, descriptor: torch.Tensor, ridge: float) -> torch.Tensor:
-    return solve_operator(factorize(emb.inputs, emb.class_rows, emb.regressors), descriptor.double(), ridge)
+    return solve_operator(
+        factorize(emb.inputs, emb.class_rows, emb.regressors), descriptor.double(), ridge
+    )
 
 
 def strength_report(plan_terms, result: dict, config: Strength, controls: list[str]) -> dict:
     """What `strength: auto` chose and why, for report.json and the build's output."""
-    return {"mode": "auto", "folds": config.folds, "control_weight": config.control_weight,
-            "max_weight": config.max_weight, "control_tasks": controls,
-            "weights": [{"task": pt.term.task, "source": pt.term.label, "written": pt.term.weight, "chosen": w}
-                        for pt, w in zip(plan_terms, result["weights"])],
-            "chosen": result["chosen"], "at_fixed_0.5": result["at_fixed_0.5"],
-            "why": ("magnitudes minimise the held-out descriptor residual (each probe left out of the solve "
-                    "once) plus control_weight x the predicted movement of the control grids"
-                    + ("" if controls else "; no control grid (no other task in the bank): unbounded"))}
+    return {
+        "mode": "auto",
+        "folds": config.folds,
+        "control_weight": config.control_weight,
+        "max_weight": config.max_weight,
+        "control_tasks": controls,
+        "weights": [
+            {"task": pt.term.task, "source": pt.term.label, "written": pt.term.weight, "chosen": w}
+            for pt, w in zip(plan_terms, result["weights"])
+        ],
+        "chosen": result["chosen"],
+        "at_fixed_0.5": result["at_fixed_0.5"],
+        "why": (
+            "magnitudes minimise the held-out descriptor residual (each probe left out of the solve "
+            "once) plus control_weight x the predicted movement of the control grids"
+            + ("" if controls else "; no control grid (no other task in the bank): unbounded")
+        ),
+    }

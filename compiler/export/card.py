@@ -4,63 +4,95 @@ verified, the held-out evaluation and how to load each format."""
 from __future__ import annotations
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from ptc.targets.base import Exportable
+
 from ptc import __version__
 from ptc.compiler.export.card_plot import PLOT_NAME
-
+from ptc.targets.base import Exportable
 
 
 def _interface_table(interfaces: dict) -> str:
     """Each graph's inputs and outputs as a deployer needs them. A text graph whose sequence axis
     is a number takes prompts padded to exactly that many tokens (padding="max_length"); one
     whose axis is named takes any length, padded to the longest in the batch."""
-    rows = [f"| `{graph}` | {kind} | `{v['name']}` | {v['dtype']} | "
-            f"[{', '.join(str(d) for d in v['shape'])}] |"
-            for graph, spec in interfaces.items() for kind in ("inputs", "outputs")
-            for v in spec[kind]]
+    rows = [
+        f"| `{graph}` | {kind} | `{v['name']}` | {v['dtype']} | "
+        f"[{', '.join(str(d) for d in v['shape'])}] |"
+        for graph, spec in interfaces.items()
+        for kind in ("inputs", "outputs")
+        for v in spec[kind]
+    ]
     if not rows:
         return ""
-    return ("\n| graph | | name | dtype | shape (named axes are dynamic) |\n| --- | --- | --- | --- | --- |\n"
-            + "\n".join(rows) + "\n\nA text graph with a fixed sequence length takes prompts padded to exactly "
-            "that many tokens (`padding=\"max_length\"`); a named one takes the longest prompt's length.")
+    return (
+        "\n| graph | | name | dtype | shape (named axes are dynamic) |\n| --- | --- | --- | --- | --- |\n"
+        + "\n".join(rows)
+        + "\n\nA text graph with a fixed sequence length takes prompts padded to exactly "
+        'that many tokens (`padding="max_length"`); a named one takes the longest prompt\'s length.'
+    )
 
 
-def model_card(encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict) -> str:
+def model_card(
+    encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict
+) -> str:
     """The output's README.md: a Hugging Face model card (huggingface_hub's ModelCard), whose
     `base_model` is the Hub id the target came from (none for a local folder) and whose
     model-index holds the held-out evaluation."""
     verify, lock_hash = report["verify"], report["lock_hash"]
-    rows = "\n".join(f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |" for t in terms)
+    rows = "\n".join(
+        f"| {t['task']} | {t['source']} | {t['weight']:+g} | {t['grid_residual']:.3f} |"
+        for t in terms
+    )
     lin, eq = verify["linearity"], verify["equivalence"]
     figures = [f"- edited model vs its reference, torch: {eq['torch_max_abs_diff']:.2e}"]
     if lin is not None:
-        figures.insert(0, f"- linearity (relative, fp64 / fp32): {lin['max_rel_diff_fp64']:.2e} / "
-                          f"{lin['max_rel_diff_fp32']:.2e}")
+        figures.insert(
+            0,
+            f"- linearity (relative, fp64 / fp32): {lin['max_rel_diff_fp64']:.2e} / "
+            f"{lin['max_rel_diff_fp32']:.2e}",
+        )
     if eq.get("onnx_max_abs_diff") is not None:
-        figures.append(f"- ONNX vs torch: {eq['onnx_max_abs_diff']:.2e} (ran on {eq['onnx_provider']})")
+        figures.append(
+            f"- ONNX vs torch: {eq['onnx_max_abs_diff']:.2e} (ran on {eq['onnx_provider']})"
+        )
     if eq.get("fp16_min_cosine") is not None:
         figures.append(f"- fp16 ONNX vs fp32 ONNX, lowest cosine: {eq['fp16_min_cosine']:.6f}")
     if eq.get("reload_max_abs_diff") is not None:
         figures.append(f"- reloaded safetensors vs torch: {eq['reload_max_abs_diff']:.2e}")
     tags = ["ptc", "task-arithmetic", "platonic-task-arithmetic", report["route"].replace("_", "-")]
-    loading = [f"### {encoder.library}\n```python\n{encoder.load_snippet('model')}\n```"] if report["native_ref"] else []
+    loading = (
+        [f"### {encoder.library}\n```python\n{encoder.load_snippet('model')}\n```"]
+        if report["native_ref"]
+        else []
+    )
     if report.get("onnx_files"):
-        loading.append("### onnxruntime\n```python\nimport onnxruntime as ort\n"
-                       f'session = ort.InferenceSession("{report["onnx_files"][0]}")  # its .onnx.data beside it\n'
-                       "embeds = session.run(None, {name: array})[0]  # the inputs below\n```\n"
-                       + _interface_table(report.get("onnx_interface", {})))
+        loading.append(
+            "### onnxruntime\n```python\nimport onnxruntime as ort\n"
+            f'session = ort.InferenceSession("{report["onnx_files"][0]}")  # its .onnx.data beside it\n'
+            "embeds = session.run(None, {name: array})[0]  # the inputs below\n```\n"
+            + _interface_table(report.get("onnx_interface", {}))
+        )
     if report.get("triton_models"):
-        loading.append("### Triton\n```bash\ntritonserver --model-repository=triton\n"
-                       f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"
-                       "# infer: POST /v2/models/<name>/infer with the inputs of config.pbtxt\n```")
+        loading.append(
+            "### Triton\n```bash\ntritonserver --model-repository=triton\n"
+            f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"
+            "# infer: POST /v2/models/<name>/infer with the inputs of config.pbtxt\n```"
+        )
     evaluation = report.get("evaluation") or {}
-    data = ModelCardData(base_model=encoder.hub_id, library_name=encoder.library,
-                         pipeline_tag=encoder.pipeline_tag, tags=tags,
-                         model_name=f"ptc edit of {target_ref}" if evaluation else None,
-                         eval_results=_eval_results(evaluation, encoder.pipeline_tag) or None)
-    pictured = f"\n## Held-out evaluation\n{_evaluation_table(evaluation)}\n\n![held-out accuracy]({PLOT_NAME})\n" \
-        if evaluation else ""
-    return str(ModelCard(f"""---
+    data = ModelCardData(
+        base_model=encoder.hub_id,
+        library_name=encoder.library,
+        pipeline_tag=encoder.pipeline_tag,
+        tags=tags,
+        model_name=f"ptc edit of {target_ref}" if evaluation else None,
+        eval_results=_eval_results(evaluation, encoder.pipeline_tag) or None,
+    )
+    pictured = (
+        f"\n## Held-out evaluation\n{_evaluation_table(evaluation)}\n\n![held-out accuracy]({PLOT_NAME})\n"
+        if evaluation
+        else ""
+    )
+    return str(
+        ModelCard(f"""---
 {data.to_yaml()}
 ---
 
@@ -77,22 +109,34 @@ The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 {chr(10).join(figures)}
 {pictured}
 Lock hash: `{lock_hash}` (see `ptc.lock`; the ONNX graphs and safetensors files carry it in
-their metadata). Outputs: {', '.join(report['formats'])}; precision: {', '.join(report['precision'])}.
+their metadata). Outputs: {", ".join(report["formats"])}; precision: {", ".join(report["precision"])}.
 
 ## Loading
 {chr(10).join(loading)}
-"""))
+""")
+    )
 
 
 def _eval_results(evaluation: dict[str, dict], task_type: str) -> list[EvalResult]:
     """The card's model-index: per evaluated task, top-1 accuracy after the edit and before it."""
-    return [EvalResult(task_type=task_type, dataset_type=task, dataset_name=task, dataset_split="held-out",
-                       metric_type="accuracy", metric_name=f"top-1 accuracy {when} ({f['role']})",
-                       metric_value=round(f[key], 6))
-            for task, f in evaluation.items() for when, key in (("after the edit", "after"), ("zero-shot", "before"))]
+    return [
+        EvalResult(
+            task_type=task_type,
+            dataset_type=task,
+            dataset_name=task,
+            dataset_split="held-out",
+            metric_type="accuracy",
+            metric_name=f"top-1 accuracy {when} ({f['role']})",
+            metric_value=round(f[key], 6),
+        )
+        for task, f in evaluation.items()
+        for when, key in (("after the edit", "after"), ("zero-shot", "before"))
+    ]
 
 
 def _evaluation_table(evaluation: dict[str, dict]) -> str:
-    rows = "\n".join(f"| {task} | {f['role']} | {f['before']:.3f} | {f['after']:.3f} | {f['delta_points']:+.1f} |"
-                     for task, f in evaluation.items())
+    rows = "\n".join(
+        f"| {task} | {f['role']} | {f['before']:.3f} | {f['after']:.3f} | {f['delta_points']:+.1f} |"
+        for task, f in evaluation.items()
+    )
     return f"| task | role | zero-shot | edited | points |\n| --- | --- | --- | --- | --- |\n{rows}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+
 from ptc.compiler.export.onnx_graph import save_onnx, set_metadata
 
 

@@ -9,11 +9,11 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+
 import torch
-from ptc.targets.base import OnnxTower
+
 from ptc.errors import OutputError
-
-
+from ptc.targets.base import OnnxTower
 
 ONNX_OPSET = 18
 
@@ -58,22 +58,38 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
     stack traces dropped in memory, the tensors as external data beside the graph."""
     dims: dict[str, torch.export.Dim] = {}
     dynamic_shapes = {
-        name: {axis: dims.setdefault(label, torch.export.Dim(label)) for axis, label in axes.items()}
+        name: {
+            axis: dims.setdefault(label, torch.export.Dim(label)) for axis, label in axes.items()
+        }
         for name, axes in tower.dynamic_axes.items()
     }
     dynamic_shapes = {name: dynamic_shapes.get(name) for name in tower.example_inputs}
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _without_input_asserts(), \
-            _quiet_exporter():
+    with (
+        warnings.catch_warnings(),
+        torch.inference_mode(False),
+        torch.no_grad(),
+        _without_input_asserts(),
+        _quiet_exporter(),
+    ):
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(tower.module, tuple(tower.example_inputs.values()), None,
-                                        input_names=list(tower.example_inputs), output_names=[tower.output_name],
-                                        dynamic_shapes=dynamic_shapes, dynamo=True, opset_version=ONNX_OPSET,
-                                        verbose=False)
+            program = torch.onnx.export(
+                tower.module,
+                tuple(tower.example_inputs.values()),
+                None,
+                input_names=list(tower.example_inputs),
+                output_names=[tower.output_name],
+                dynamic_shapes=dynamic_shapes,
+                dynamo=True,
+                opset_version=ONNX_OPSET,
+                verbose=False,
+            )
         except Exception as exc:
-            raise OutputError(f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
-                              "run with --debug for the exporter's traceback") from exc
+            raise OutputError(
+                f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
+                "run with --debug for the exporter's traceback",
+            ) from exc
     _drop_stack_traces(program.model)
     program.save(str(path), external_data=True)  # tensors beside the graph: see towers.py
 
@@ -90,10 +106,12 @@ def _drop_stack_traces(model) -> None:
     """The exporter records each node's Python stack trace, with the absolute paths of the
     files that traced it: the same model exported from another checkout or virtualenv would
     differ in bytes. The trace is a debugging aid, not part of the graph (an onnx_ir model)."""
-    nodes = [*model.graph.all_nodes(), *(node for function in model.functions.values() for node in function)]
+    nodes = [
+        *model.graph.all_nodes(),
+        *(node for function in model.functions.values() for node in function),
+    ]
     for node in nodes:
         node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-
 
 
 def save_onnx(model, path: Path) -> None:
@@ -101,8 +119,14 @@ def save_onnx(model, path: Path) -> None:
     import onnx
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=f"{path.name}.data", size_threshold=1024)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+        size_threshold=1024,
+    )
 
 
 def onnx_files(path: Path) -> list[Path]:
@@ -120,9 +144,18 @@ def interface(path: Path) -> dict:
     graph = onnx.load(str(path), load_external_data=False).graph
 
     def described(values) -> list[dict]:
-        return [{"name": v.name, "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
-                 "shape": [d.dim_value if d.HasField("dim_value") else d.dim_param for d in v.type.tensor_type.shape.dim]}
-                for v in values]
+        return [
+            {
+                "name": v.name,
+                "dtype": str(tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)),
+                "shape": [
+                    d.dim_value if d.HasField("dim_value") else d.dim_param
+                    for d in v.type.tensor_type.shape.dim
+                ],
+            }
+            for v in values
+        ]
+
     return {"inputs": described(graph.input), "outputs": described(graph.output)}
 
 

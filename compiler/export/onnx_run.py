@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 import numpy as np
 import torch
-from ptc.finite import require_finite
 
+from ptc.finite import require_finite
 
 
 def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict]:
@@ -22,8 +23,11 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, d
     feeds = {i.name: inputs[i.name].cpu().numpy() for i in session.get_inputs()}
     ran = session.get_providers()[0]
     output = session.run(None, feeds)[0]
-    require_finite({session.get_outputs()[0].name: torch.from_numpy(output)}, f"ONNX graph {path} on the check inputs",
-                   "nothing was written; the exported graph computes another function than the model")
+    require_finite(
+        {session.get_outputs()[0].name: torch.from_numpy(output)},
+        f"ONNX graph {path} on the check inputs",
+        "nothing was written; the exported graph computes another function than the model",
+    )
     return output, {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
 
 

@@ -6,9 +6,9 @@ import json
 import shutil
 import struct
 from pathlib import Path
+
 from ptc.errors import OutputError
 from ptc.files import atomic_file, safetensors_header
-
 
 
 def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
@@ -24,7 +24,12 @@ def stamp_safetensors(folder: Path, provenance: dict[str, str]) -> None:
             except ValueError as exc:
                 raise OutputError(f"{path}: not a safetensors file: {exc}") from None
             metadata = dict(header.get("__metadata__") or {})
-            metadata.update({"format": metadata.get("format", "pt"), **{k: str(v) for k, v in provenance.items()}})
+            metadata.update(
+                {
+                    "format": metadata.get("format", "pt"),
+                    **{k: str(v) for k, v in provenance.items()},
+                }
+            )
             header["__metadata__"] = metadata
             encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
             encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes

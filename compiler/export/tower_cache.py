@@ -26,17 +26,12 @@ from pathlib import Path
 
 import torch
 
-from ptc.targets.base import OnnxTower
-
 from ptc import __version__
-from ptc.errors import BankError
 from ptc.compiler.bank.store import Bank
-from ptc.files import file_lock
 from ptc.compiler.export.onnx_graph import ONNX_OPSET, export_onnx, onnx_files, set_metadata
-
-
-
-
+from ptc.errors import BankError
+from ptc.files import file_lock
+from ptc.targets.base import OnnxTower
 
 
 def export_key(model_key: str, tower: OnnxTower) -> str:
@@ -45,9 +40,24 @@ def export_key(model_key: str, tower: OnnxTower) -> str:
     import onnx
     import onnxscript
 
-    shapes = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in tower.example_inputs.items())
-    text = "|".join(map(str, (model_key, tower.name, shapes, __version__, torch.__version__, onnx.__version__,
-                              onnxscript.__version__, ONNX_OPSET)))
+    shapes = sorted(
+        (name, tuple(t.shape), str(t.dtype)) for name, t in tower.example_inputs.items()
+    )
+    text = "|".join(
+        map(
+            str,
+            (
+                model_key,
+                tower.name,
+                shapes,
+                __version__,
+                torch.__version__,
+                onnx.__version__,
+                onnxscript.__version__,
+                ONNX_OPSET,
+            ),
+        )
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -63,13 +73,16 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
         if _intact(bank, key, tower.name):
             return path
         bank.scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}.") as folder:
+        with tempfile.TemporaryDirectory(
+            dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}."
+        ) as folder:
             written = Path(folder) / path.name
             export_onnx(tower, written)
             path.parent.mkdir(parents=True, exist_ok=True)
             for file in reversed(onnx_files(written)):
                 os.replace(file, path.parent / file.name)
-        bank.seal_export(key, tower.name, onnx_files(path))  # the record last: its presence means complete
+        # the record last: its presence means complete
+        bank.seal_export(key, tower.name, onnx_files(path))
     return path
 
 
@@ -80,23 +93,39 @@ def _intact(bank: Bank, key: str, tower: str) -> bool:
     if problem is None:
         return True
     if (bank.export_folder(key) / f"{tower}.json").exists():
-        raise BankError(problem, f"delete {bank.export_folder(key)} (the next build exports it again), "
-                                 f"or run `ptc bank verify --bank {bank.root}`")
+        raise BankError(
+            problem,
+            f"delete {bank.export_folder(key)} (the next build exports it again), "
+            f"or run `ptc bank verify --bank {bank.root}`",
+        )
     return False
 
 
-def changed_tensors(base: torch.nn.Module, edited: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def changed_tensors(
+    base: torch.nn.Module, edited: torch.nn.Module
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{name: (base tensor, edited tensor)} of the tensors the edit replaced. An edit shares every
     tensor it did not change with its base (targets.base.copy_sharing), so identity says which."""
+
     def named(module):
-        return dict(chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)))
+        return dict(
+            chain(
+                module.named_parameters(remove_duplicate=False),
+                module.named_buffers(remove_duplicate=False),
+            )
+        )
 
     before = named(base)
-    return {name: (before[name], tensor) for name, tensor in named(edited).items()
-            if name not in before or tensor is not before[name]}
+    return {
+        name: (before[name], tensor)
+        for name, tensor in named(edited).items()
+        if name not in before or tensor is not before[name]
+    }
 
 
-def find_patches(files: list[Path], changed: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> list | None:
+def find_patches(
+    files: list[Path], changed: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> list | None:
     """Where the cached graph's files hold each changed tensor, and the bytes to write there:
     [(file, offset, bytes)]. A tensor is found by its stored bytes, as they are or transposed
     (the exporter stores some weights pre-transposed: SigLIP's head MLP), in one place, or in
@@ -116,7 +145,12 @@ def find_patches(files: list[Path], changed: dict[str, tuple[torch.Tensor, torch
     found = {file: _offsets(file, needles) for file in files} if needles else {}
     patches = []
     for forms in wanted:
-        hits = [(file, offset, new) for old, new in forms for file in files for offset in found[file][old]]
+        hits = [
+            (file, offset, new)
+            for old, new in forms
+            for file in files
+            for offset in found[file][old]
+        ]
         if len(hits) > 1:
             return None
         patches += hits
@@ -146,8 +180,9 @@ def _offsets(path: Path, needles: list[bytes], chunk: int = 64 << 20) -> dict[by
     return offsets
 
 
-def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path,
-                provenance: dict) -> str:
+def write_tower(
+    bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path, provenance: dict
+) -> str:
     """The edited tower's graph at `path`, with provenance in its metadata, written once; returns
     how: "reused" (nothing changed), "patched" (changed bytes replaced) or "exported" (fresh).
 
@@ -165,7 +200,9 @@ def write_tower(bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, 
         _export_fresh(edited, path, provenance)
         return "exported"
     # The graph is renamed as asked; its data file keeps the name the graph records for it.
-    copies = {file: path if file == cached else path.with_name(file.name) for file in onnx_files(cached)}
+    copies = {
+        file: path if file == cached else path.with_name(file.name) for file in onnx_files(cached)
+    }
     for source, target in copies.items():
         shutil.copyfile(source, target)
     for file, offset, data in patches:
@@ -189,7 +226,3 @@ def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
     export_onnx(tower, path)
     with open(path, "ab") as handle:
         handle.write(_metadata_message(provenance))
-
-
-
-

@@ -21,12 +21,15 @@ def affinity(input_embeddings: torch.Tensor, class_rows: torch.Tensor) -> torch.
     return normalise(input_embeddings) @ class_rows.T
 
 
-def task_descriptor(finetuned_inputs: torch.Tensor, pretrained_inputs: torch.Tensor,
-                    class_rows: torch.Tensor) -> torch.Tensor:
+def task_descriptor(
+    finetuned_inputs: torch.Tensor, pretrained_inputs: torch.Tensor, class_rows: torch.Tensor
+) -> torch.Tensor:
     """UTD = S_ft - S_pre (N x M), computed in float64. The text tower is frozen, so both
     affinities share the class rows."""
     class_rows = class_rows.double()
-    return affinity(finetuned_inputs.double(), class_rows) - affinity(pretrained_inputs.double(), class_rows)
+    return affinity(finetuned_inputs.double(), class_rows) - affinity(
+        pretrained_inputs.double(), class_rows
+    )
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -35,7 +38,9 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-def relative_descriptor(utd: torch.Tensor, source_affinity: torch.Tensor, target_affinity: torch.Tensor) -> torch.Tensor:
+def relative_descriptor(
+    utd: torch.Tensor, source_affinity: torch.Tensor, target_affinity: torch.Tensor
+) -> torch.Tensor:
     """Target-relative descriptor (beyond the paper): the source's fine-tuned affinities
     S_ft = UTD + S_pre(source), standardised by the source's pre-trained statistics on the grid
     and put in the target's scale, minus the target's own pre-trained affinities:
@@ -52,8 +57,10 @@ def relative_descriptor(utd: torch.Tensor, source_affinity: torch.Tensor, target
     per-class or per-probe ones on the zoo's train split (per-class erased most of the gain)."""
     s_pre, t_pre = source_affinity.double(), target_affinity.double()
     if s_pre.shape != utd.shape or t_pre.shape != utd.shape:
-        raise ValueError(f"affinities {tuple(s_pre.shape)} and {tuple(t_pre.shape)} do not match the "
-                         f"descriptor {tuple(utd.shape)}")
+        raise ValueError(
+            f"affinities {tuple(s_pre.shape)} and {tuple(t_pre.shape)} do not match the "
+            f"descriptor {tuple(utd.shape)}"
+        )
     finetuned = utd.double() + s_pre
     return t_pre.mean() + t_pre.std() * (finetuned - s_pre.mean()) / s_pre.std() - t_pre
 
@@ -67,7 +74,9 @@ def centred(affinities: torch.Tensor) -> torch.Tensor:
     return affinities - affinities.mean(dim=-1, keepdim=True)
 
 
-def agreement_weights(source_affinities: list[torch.Tensor], target_affinity: torch.Tensor) -> list[float]:
+def agreement_weights(
+    source_affinities: list[torch.Tensor], target_affinity: torch.Tensor
+) -> list[float]:
     """Label-free consensus weights (beyond the paper): each source's pre-trained affinities on
     the grid against the target's, as the cosine of their row-centred matrices, floored at
     AGREEMENT_FLOOR. A source that already reads the task's probes as the target does is one
@@ -78,7 +87,9 @@ def agreement_weights(source_affinities: list[torch.Tensor], target_affinity: to
     weights = []
     for source in source_affinities:
         if source.shape != target.shape:
-            raise ValueError(f"source affinities {tuple(source.shape)} do not match the target's {tuple(target.shape)}")
+            raise ValueError(
+                f"source affinities {tuple(source.shape)} do not match the target's {tuple(target.shape)}"
+            )
         source = centred(source.double())
         # Constant rows (a text tower whose class prompts collapsed to one) agree with nothing.
         norms = float(source.norm() * target.norm())
@@ -87,8 +98,9 @@ def agreement_weights(source_affinities: list[torch.Tensor], target_affinity: to
     return weights
 
 
-def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = None,
-              combine: str = "mean") -> torch.Tensor:
+def consensus(
+    descriptors: list[torch.Tensor], weights: list[float] | None = None, combine: str = "mean"
+) -> torch.Tensor:
     """One descriptor from several sources of the same grid (beyond the paper): if their
     model-specific residuals are roughly independent, combining cancels part of them.
 
@@ -101,8 +113,14 @@ def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = Non
     if combine == "median":
         if weights is not None:
             raise ValueError("a median takes no weights")
-        return stacked.median(dim=0).values if len(descriptors) % 2 else stacked.quantile(0.5, dim=0)
-    c = torch.ones(len(descriptors), dtype=torch.float64) if weights is None else torch.tensor(weights, dtype=torch.float64)
+        return (
+            stacked.median(dim=0).values if len(descriptors) % 2 else stacked.quantile(0.5, dim=0)
+        )
+    c = (
+        torch.ones(len(descriptors), dtype=torch.float64)
+        if weights is None
+        else torch.tensor(weights, dtype=torch.float64)
+    )
     c = c / c.sum()
     if combine == "mean":
         return torch.einsum("i,inm->nm", c, stacked)
@@ -115,6 +133,8 @@ def consensus(descriptors: list[torch.Tensor], weights: list[float] | None = Non
             return torch.zeros_like(stacked[0])
         share = torch.where(has_direction, c, 0.0)
         share = share / share.sum()
-        unit = torch.where(has_direction, share / norms.clamp_min(torch.finfo(norms.dtype).tiny), 0.0)
+        unit = torch.where(
+            has_direction, share / norms.clamp_min(torch.finfo(norms.dtype).tiny), 0.0
+        )
         return torch.einsum("i,inm->nm", unit, stacked) * float(c @ norms)
     raise ValueError(f"unknown combine rule {combine!r}; expected one of {COMBINE_RULES}")

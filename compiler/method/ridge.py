@@ -30,9 +30,9 @@ from ptc.compiler.method.descriptor import normalise
 class GridFactors:
     """Thin SVDs of a target's F and G on one grid (float64)."""
 
-    u_inputs: torch.Tensor   # N x r
-    s_inputs: torch.Tensor   # r
-    v_inputs: torch.Tensor   # p x r (p = d for an (I + A) fold)
+    u_inputs: torch.Tensor  # N x r
+    s_inputs: torch.Tensor  # r
+    v_inputs: torch.Tensor  # p x r (p = d for an (I + A) fold)
     u_classes: torch.Tensor  # M x q
     s_classes: torch.Tensor  # q
     v_classes: torch.Tensor  # d x q
@@ -41,19 +41,22 @@ class GridFactors:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "GridFactors":
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> GridFactors:
         return cls(**{name: tensors[name].double() for name in cls.__dataclass_fields__})
 
 
-def edit_regressors(input_embeddings: torch.Tensor, regressors: torch.Tensor | None = None) -> torch.Tensor:
+def edit_regressors(
+    input_embeddings: torch.Tensor, regressors: torch.Tensor | None = None
+) -> torch.Tensor:
     """Phi (N x p, float64): regressor rows over their embedding's norm; F when R is z."""
     if regressors is None:
         return normalise(input_embeddings.double())
     return regressors.double() / input_embeddings.double().norm(dim=-1, keepdim=True)
 
 
-def edited_embeddings(input_embeddings: torch.Tensor, regressors: torch.Tensor | None,
-                      edit: torch.Tensor) -> torch.Tensor:
+def edited_embeddings(
+    input_embeddings: torch.Tensor, regressors: torch.Tensor | None, edit: torch.Tensor
+) -> torch.Tensor:
     """z + R E^T (float64): what an edited model embeds, from the unedited model's cache."""
     z = input_embeddings.double()
     return z + (z if regressors is None else regressors.double()) @ edit.double().T
@@ -72,11 +75,14 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
-def factorize(input_embeddings: torch.Tensor, class_rows: torch.Tensor,
-              regressors: torch.Tensor | None = None) -> GridFactors:
+def factorize(
+    input_embeddings: torch.Tensor, class_rows: torch.Tensor, regressors: torch.Tensor | None = None
+) -> GridFactors:
     """SVDs of the regressor rows Phi (F by default) and class rows G, in float64."""
     with single_thread():
-        u_f, s_f, vh_f = torch.linalg.svd(edit_regressors(input_embeddings, regressors), full_matrices=False)
+        u_f, s_f, vh_f = torch.linalg.svd(
+            edit_regressors(input_embeddings, regressors), full_matrices=False
+        )
         u_g, s_g, vh_g = torch.linalg.svd(class_rows.double(), full_matrices=False)
     return GridFactors(u_f, s_f, vh_f.T.contiguous(), u_g, s_g, vh_g.T.contiguous())
 
@@ -89,16 +95,27 @@ def ridge_filter(singular_values: torch.Tensor, ridge: float) -> torch.Tensor:
 def solve_operator(factors: GridFactors, descriptor: torch.Tensor, ridge: float) -> torch.Tensor:
     """The edit (d x p, float64; A when p = d) for descriptor U (N x M); linear in U."""
     if descriptor.shape != (factors.u_inputs.shape[0], factors.u_classes.shape[0]):
-        raise ValueError(f"descriptor shape {tuple(descriptor.shape)} does not match the grid "
-                         f"({factors.u_inputs.shape[0]} probes x {factors.u_classes.shape[0]} classes)")
+        raise ValueError(
+            f"descriptor shape {tuple(descriptor.shape)} does not match the grid "
+            f"({factors.u_inputs.shape[0]} probes x {factors.u_classes.shape[0]} classes)"
+        )
     core = factors.u_inputs.T @ descriptor.double() @ factors.u_classes  # r x q
-    core = ridge_filter(factors.s_inputs, ridge)[:, None] * core * ridge_filter(factors.s_classes, ridge)[None, :]
+    core = (
+        ridge_filter(factors.s_inputs, ridge)[:, None]
+        * core
+        * ridge_filter(factors.s_classes, ridge)[None, :]
+    )
     operator_t = factors.v_inputs @ core @ factors.v_classes.T
     return operator_t.T.contiguous()
 
 
-def solve_dense(input_embeddings: torch.Tensor, class_rows: torch.Tensor, descriptor: torch.Tensor,
-                ridge: float, regressors: torch.Tensor | None = None) -> torch.Tensor:
+def solve_dense(
+    input_embeddings: torch.Tensor,
+    class_rows: torch.Tensor,
+    descriptor: torch.Tensor,
+    ridge: float,
+    regressors: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The same solve written with explicit inverses; an independent reference for tests and
     benchmarks, not used by the build."""
     f = edit_regressors(input_embeddings, regressors)
@@ -110,7 +127,13 @@ def solve_dense(input_embeddings: torch.Tensor, class_rows: torch.Tensor, descri
     return (left @ descriptor.double() @ right).T
 
 
-def first_order_descriptor(input_embeddings: torch.Tensor, class_rows: torch.Tensor,
-                           operator: torch.Tensor, regressors: torch.Tensor | None = None) -> torch.Tensor:
+def first_order_descriptor(
+    input_embeddings: torch.Tensor,
+    class_rows: torch.Tensor,
+    operator: torch.Tensor,
+    regressors: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Phi E^T G^T: the descriptor an edit induces on the grid, to first order."""
-    return edit_regressors(input_embeddings, regressors) @ operator.double().T @ class_rows.double().T
+    return (
+        edit_regressors(input_embeddings, regressors) @ operator.double().T @ class_rows.double().T
+    )

@@ -33,11 +33,25 @@ if TYPE_CHECKING:  # `ptc verify` and `ptc diff` load no model and need no torch
 
 LOCK_FORMAT = 2
 LOCK_NAME = "ptc.lock"
-RUN_RECORD = "run.json"  # this run's timings and cache counts: the one file that differs between builds
+RUN_RECORD = (
+    "run.json"  # this run's timings and cache counts: the one file that differs between builds
+)
 NOT_OUTPUTS = (LOCK_NAME, RUN_RECORD, OUTPUT_MARKER, STAGING_MARKER)
 # The distributions whose code writes an output's bytes (exporters, savers, tokenizers).
-LIBRARIES = ("torch", "transformers", "open_clip_torch", "peft", "safetensors", "onnx", "onnxscript",
-             "onnxruntime", "onnxruntime-gpu", "onnxconverter-common", "tokenizers", "numpy")
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "open_clip_torch",
+    "peft",
+    "safetensors",
+    "onnx",
+    "onnxscript",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxconverter-common",
+    "tokenizers",
+    "numpy",
+)
 
 
 class LockDrift(PtcError):
@@ -65,32 +79,56 @@ def library_versions() -> dict[str, str]:
 def term_inputs(planned_term) -> dict:
     """One term as its inputs: the task's grid, each source descriptor with what it was made from."""
     term = planned_term.term
-    sources = [{"id": entry.meta.get("id"), "sha256": entry.sha256,
-                "source_input_fingerprint": entry.meta.get("source_input_fingerprint"),
-                "finetuned_input_fingerprint": entry.meta.get("finetuned_input_fingerprint"),
-                "text_fingerprint": entry.meta.get("text_fingerprint")}
-               for entry in planned_term.sources]
-    return {"task": term.task, "source": term.label, "weight": term.weight, "kind": term.kind,
-            "combine": term.combine if len(term.sources) > 1 else None, "grid_hash": planned_term.task.grid_hash,
-            "descriptors": sources}
+    sources = [
+        {
+            "id": entry.meta.get("id"),
+            "sha256": entry.sha256,
+            "source_input_fingerprint": entry.meta.get("source_input_fingerprint"),
+            "finetuned_input_fingerprint": entry.meta.get("finetuned_input_fingerprint"),
+            "text_fingerprint": entry.meta.get("text_fingerprint"),
+        }
+        for entry in planned_term.sources
+    ]
+    return {
+        "task": term.task,
+        "source": term.label,
+        "weight": term.weight,
+        "kind": term.kind,
+        "combine": term.combine if len(term.sources) > 1 else None,
+        "grid_hash": planned_term.task.grid_hash,
+        "descriptors": sources,
+    }
 
 
 def lock_inputs(plan, target: DualEncoder) -> dict:
     """Everything that decides a build's bytes, read without building (the target is loaded to
     fingerprint its weights; nothing is embedded or solved)."""
     recipe = plan.recipe
-    settings = {"route": recipe.route, **recipe.model_dump(include={"solve", "strength", "adapter", "verify"}),
-                "export": recipe.export.model_dump(exclude={"out"})}
-    return {"recipe_sha256": hashlib.sha256(plan.recipe_bytes).hexdigest(),
-            "target": {"ref": recipe.target, "input_fingerprint": target.input_fingerprint(),
-                       "text_fingerprint": target.text_fingerprint()},
-            "terms": [term_inputs(pt) for pt in plan.terms],
-            "settings": json.loads(json.dumps(settings, default=list)),
-            "versions": library_versions()}
+    settings = {
+        "route": recipe.route,
+        **recipe.model_dump(include={"solve", "strength", "adapter", "verify"}),
+        "export": recipe.export.model_dump(exclude={"out"}),
+    }
+    return {
+        "recipe_sha256": hashlib.sha256(plan.recipe_bytes).hexdigest(),
+        "target": {
+            "ref": recipe.target,
+            "input_fingerprint": target.input_fingerprint(),
+            "text_fingerprint": target.text_fingerprint(),
+        },
+        "terms": [term_inputs(pt) for pt in plan.terms],
+        "settings": json.loads(json.dumps(settings, default=list)),
+        "versions": library_versions(),
+    }
 
 
 def lock_document(inputs: dict, edit: dict | None = None, outputs: dict | None = None) -> dict:
-    document = {"format": "ptc-lock", "version": LOCK_FORMAT, "inputs": inputs, "lock_hash": sha256_of(inputs)}
+    document = {
+        "format": "ptc-lock",
+        "version": LOCK_FORMAT,
+        "inputs": inputs,
+        "lock_hash": sha256_of(inputs),
+    }
     if edit is not None:
         document["edit"] = edit
     if outputs is not None:
@@ -104,18 +142,30 @@ def read_lock(path: Path) -> dict:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: no such lock", "write one with `ptc lock RECIPE` or `ptc build RECIPE`") from None
+        raise InputError(
+            f"{path}: no such lock", "write one with `ptc lock RECIPE` or `ptc build RECIPE`"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise OutputError(f"{path}: cannot read the lock: {exc}".split("\n")[0], "rebuild it") from None
+        raise OutputError(
+            f"{path}: cannot read the lock: {exc}".split("\n")[0], "rebuild it"
+        ) from None
     if not isinstance(document, dict) or document.get("format") != "ptc-lock":
-        raise OutputError(f"{path}: not a ptc lock (no format: ptc-lock)", "write one with `ptc lock RECIPE`")
+        raise OutputError(
+            f"{path}: not a ptc lock (no format: ptc-lock)", "write one with `ptc lock RECIPE`"
+        )
     if document.get("version") != LOCK_FORMAT:
-        raise OutputError(f"{path}: lock format {document.get('version')!r}; this ptc reads {LOCK_FORMAT}",
-                          "write it again with `ptc lock RECIPE`")
+        raise OutputError(
+            f"{path}: lock format {document.get('version')!r}; this ptc reads {LOCK_FORMAT}",
+            "write it again with `ptc lock RECIPE`",
+        )
     body = {k: v for k, v in document.items() if k != "seal"}
-    if document.get("seal") != sha256_of(body) or document.get("lock_hash") != sha256_of(document.get("inputs")):
-        raise OutputError(f"{path}: the lock was modified (its seal does not match its content)",
-                          "write it again with `ptc lock RECIPE`, or restore it from version control")
+    if document.get("seal") != sha256_of(body) or document.get("lock_hash") != sha256_of(
+        document.get("inputs")
+    ):
+        raise OutputError(
+            f"{path}: the lock was modified (its seal does not match its content)",
+            "write it again with `ptc lock RECIPE`, or restore it from version control",
+        )
     return document
 
 
@@ -133,8 +183,10 @@ def refuse_foreign_lock(path: Path) -> None:
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         foreign = True
     if foreign:
-        raise OutputError(f"{path} exists and is not a ptc lock; ptc will not overwrite it",
-                          "move it away, or rename the recipe")
+        raise OutputError(
+            f"{path} exists and is not a ptc lock; ptc will not overwrite it",
+            "move it away, or rename the recipe",
+        )
 
 
 def previous_lock(path: Path) -> dict | None:
@@ -158,10 +210,17 @@ def _flat(value, path: str, out: dict) -> dict:
     if isinstance(value, dict):
         for key in sorted(value):
             _flat(value[key], f"{path}.{key}" if path else key, out)
-    elif isinstance(value, list) and path.endswith("terms") and all(isinstance(t, dict) for t in value):
+    elif (
+        isinstance(value, list)
+        and path.endswith("terms")
+        and all(isinstance(t, dict) for t in value)
+    ):
         for term in value:
-            _flat({k: v for k, v in term.items() if k not in ("task", "source")},
-                  f"{path}[{term.get('task')}/{term.get('source')}]", out)
+            _flat(
+                {k: v for k, v in term.items() if k not in ("task", "source")},
+                f"{path}[{term.get('task')}/{term.get('source')}]",
+                out,
+            )
     elif isinstance(value, list) and all(isinstance(t, dict) and "id" in t for t in value):
         for item in value:
             _flat({k: v for k, v in item.items() if k != "id"}, f"{path}[{item['id']}]", out)
@@ -173,8 +232,11 @@ def _flat(value, path: str, out: dict) -> dict:
 def differences(a: dict, b: dict) -> list[dict]:
     """Every leaf that differs between two documents: {path, a, b} (None where absent)."""
     left, right = _flat(a, "", {}), _flat(b, "", {})
-    return [{"path": path, "a": left.get(path), "b": right.get(path)}
-            for path in sorted(set(left) | set(right)) if left.get(path) != right.get(path)]
+    return [
+        {"path": path, "a": left.get(path), "b": right.get(path)}
+        for path in sorted(set(left) | set(right))
+        if left.get(path) != right.get(path)
+    ]
 
 
 def describe(difference: dict) -> str:
@@ -188,7 +250,8 @@ def describe(difference: dict) -> str:
 
 def _short(value) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
-    return text[:16] if isinstance(value, str) and len(value) == 64 else text  # hashes: a prefix says enough
+    # hashes: a prefix says enough
+    return text[:16] if isinstance(value, str) and len(value) == 64 else text
 
 
 def check_locked(lock_path: Path, inputs: dict) -> None:
@@ -197,9 +260,12 @@ def check_locked(lock_path: Path, inputs: dict) -> None:
     locked = read_lock(lock_path)["inputs"]
     drifted = differences({"inputs": locked}, {"inputs": inputs})
     if drifted:
-        lines = "\n".join(f"  {d['path']}: locked {_short(d['a'])}, now {_short(d['b'])}" for d in drifted)
-        raise LockDrift(f"{lock_path}: {len(drifted)} input(s) differ from the lock (--locked)\n{lines}",
-                        None)
+        lines = "\n".join(
+            f"  {d['path']}: locked {_short(d['a'])}, now {_short(d['b'])}" for d in drifted
+        )
+        raise LockDrift(
+            f"{lock_path}: {len(drifted)} input(s) differ from the lock (--locked)\n{lines}", None
+        )
 
 
 # -- verifying an output --------------------------------------------------------------------------
@@ -216,14 +282,19 @@ def verify_output(out: Path, lock_path: Path | None = None) -> tuple[int, list[s
     lock = read_lock(lock_path or out / LOCK_NAME)
     recorded = lock.get("outputs")
     if not isinstance(recorded, dict) or not recorded:
-        raise OutputError(f"{lock_path or out / LOCK_NAME}: the lock records no outputs",
-                          "lock a built output, or build the recipe once without --locked")
+        raise OutputError(
+            f"{lock_path or out / LOCK_NAME}: the lock records no outputs",
+            "lock a built output, or build the recipe once without --locked",
+        )
     present = {p.relative_to(out).as_posix(): p for p in output_files(out)}
     problems = [f"{name}: missing" for name in sorted(set(recorded) - set(present))]
     problems += [f"{name}: not in the lock" for name in sorted(set(present) - set(recorded))]
     actual = {name: file_sha256(present[name]) for name in sorted(set(recorded) & set(present))}
-    problems += [f"{name}: sha256 {actual[name][:16]} != locked {recorded[name][:16]}"
-                 for name in actual if actual[name] != recorded[name]]
+    problems += [
+        f"{name}: sha256 {actual[name][:16]} != locked {recorded[name][:16]}"
+        for name in actual
+        if actual[name] != recorded[name]
+    ]
     return len(recorded), problems + _report_problems(out, lock)
 
 
@@ -234,14 +305,26 @@ def _report_problems(out: Path, lock: dict) -> list[str]:
     report = read_json_file(out / "report.json", "build report")
     if not isinstance(report, dict):
         return ["report.json: not a build report"]
-    problems = [] if report.get("lock_hash") == lock["lock_hash"] else ["report.json: lock_hash differs from the lock's"]
+    problems = (
+        []
+        if report.get("lock_hash") == lock["lock_hash"]
+        else ["report.json: lock_hash differs from the lock's"]
+    )
     verify = report.get("verify") or {}
     tolerances, equivalence = verify.get("tolerances") or {}, verify.get("equivalence") or {}
     linearity = verify.get("linearity") or {}
-    checks = [("linearity fp64", linearity.get("max_rel_diff_fp64"), tolerances.get("linearity_rtol_fp64")),
-              ("linearity fp32", linearity.get("max_rel_diff_fp32"), tolerances.get("linearity_rtol")),
-              *[(name, equivalence.get(name), tolerances.get("equivalence_atol"))
-                for name in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff")]]
+    checks = [
+        (
+            "linearity fp64",
+            linearity.get("max_rel_diff_fp64"),
+            tolerances.get("linearity_rtol_fp64"),
+        ),
+        ("linearity fp32", linearity.get("max_rel_diff_fp32"), tolerances.get("linearity_rtol")),
+        *[
+            (name, equivalence.get(name), tolerances.get("equivalence_atol"))
+            for name in ("torch_max_abs_diff", "onnx_max_abs_diff", "reload_max_abs_diff")
+        ],
+    ]
     for name, figure, limit in checks:
         if figure is not None and limit is not None and not figure <= limit:
             problems.append(f"report.json: {name} {figure:.2e} exceeds its tolerance {limit:.0e}")

@@ -21,25 +21,65 @@ def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dic
 
 @dataclass(frozen=True)
 class Options:
-    bank: Path | None = field(default=None, metadata=_flag(
-        "--bank", "path", "Bank folder (default: the recipe's `bank:` where there is a recipe, else $PTC_BANK, "
-                          "else ~/.cache/ptc/bank)."))
-    out: Path | None = field(default=None, metadata=_flag(
-        "--out", "path", "Where the command writes its output (for a recipe, this overrides its export.out)."))
-    force: bool = field(default=False, metadata=_flag(
-        "--force", "switch", "Replace an output folder that ptc wrote (never one holding anything else)."))
-    batch_size: int = field(default=64, metadata=_flag("--batch-size", "count", "Inputs per forward pass."))
-    export: bool = field(default=True, metadata=_flag(
-        "--no-export", "negated", "Solve, fold and verify in torch; write nothing."))
-    locked: bool = field(default=False, metadata=_flag(
-        "--locked", "switch", "Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); "
-                              "never update it."))
-    device: str = field(default="auto", metadata=_flag(
-        "--device", "text", "Where forward passes run: auto (a GPU when there is one), cpu, cuda or cuda:N. "
-                            "Verification and export run on the CPU."))
-    precision: str = field(default="fp32", metadata=_flag(
-        "--precision", "choice", "Precision of embedding passes; bf16 and fp16 entries are cached apart from fp32.",
-        ("fp32", "bf16", "fp16")))
+    bank: Path | None = field(
+        default=None,
+        metadata=_flag(
+            "--bank",
+            "path",
+            "Bank folder (default: the recipe's `bank:` where there is a recipe, else $PTC_BANK, "
+            "else ~/.cache/ptc/bank).",
+        ),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=_flag(
+            "--out",
+            "path",
+            "Where the command writes its output (for a recipe, this overrides its export.out).",
+        ),
+    )
+    force: bool = field(
+        default=False,
+        metadata=_flag(
+            "--force",
+            "switch",
+            "Replace an output folder that ptc wrote (never one holding anything else).",
+        ),
+    )
+    batch_size: int = field(
+        default=64, metadata=_flag("--batch-size", "count", "Inputs per forward pass.")
+    )
+    export: bool = field(
+        default=True,
+        metadata=_flag("--no-export", "negated", "Solve, fold and verify in torch; write nothing."),
+    )
+    locked: bool = field(
+        default=False,
+        metadata=_flag(
+            "--locked",
+            "switch",
+            "Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); "
+            "never update it.",
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=_flag(
+            "--device",
+            "text",
+            "Where forward passes run: auto (a GPU when there is one), cpu, cuda or cuda:N. "
+            "Verification and export run on the CPU.",
+        ),
+    )
+    precision: str = field(
+        default="fp32",
+        metadata=_flag(
+            "--precision",
+            "choice",
+            "Precision of embedding passes; bf16 and fp16 entries are cached apart from fp32.",
+            ("fp32", "bf16", "fp16"),
+        ),
+    )
     progress: bool = True  # progress bars on stderr (tqdm hides them off a terminal); no flag
 
     def compute(self):

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ptc import targets
-
 from ptc.compiler.bank.store import Bank, Entry, TaskRecord
 from ptc.compiler.embed import check_grid_unchanged
-from ptc.errors import BankError, OutputError, PtcError, RecipeError
-from ptc.files import check_output_location, check_replaceable
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.schema import Recipe, Term, load_recipe
+from ptc.errors import BankError, OutputError, PtcError, RecipeError
+from ptc.files import check_output_location, check_replaceable
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ class Plan:
     terms: tuple[PlannedTerm, ...]
     out_dir: Path | None
     evaluations: tuple[tuple[TaskRecord, Path], ...] = ()  # (task, labelled folder)
-    controls: tuple[TaskRecord, ...] = ()                  # control grids of `strength: auto`
+    controls: tuple[TaskRecord, ...] = ()  # control grids of `strength: auto`
     certifications: tuple[tuple[TaskRecord, Path], ...] = ()  # (task, folder of inputs)
 
     @property
@@ -52,28 +51,44 @@ class Plan:
 def _checked_source(bank: Bank, term: Term, task: TaskRecord, source: str) -> Entry:
     entry = bank.descriptor(term.task, source)
     if entry.meta.get("grid_hash") != task.grid_hash:
-        raise BankError(f"descriptor {source!r} was computed on another grid of task {term.task!r} "
-                        f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
-                        "recompute it with `ptc descriptor add`")
+        raise BankError(
+            f"descriptor {source!r} was computed on another grid of task {term.task!r} "
+            f"({str(entry.meta.get('grid_hash'))[:12]} != {task.grid_hash[:12]})",
+            "recompute it with `ptc descriptor add`",
+        )
     text = entry.meta.get("finetuned_text_fingerprint")
     if text is not None and text != entry.meta.get("text_fingerprint"):
-        raise BankError(f"descriptor {source!r} of task {term.task!r} comes from a fine-tune whose text "
-                        "tower differs from its source's; its affinities do not share prompts",
-                        "recompute it from a fine-tune with a frozen text tower")
+        raise BankError(
+            f"descriptor {source!r} of task {term.task!r} comes from a fine-tune whose text "
+            "tower differs from its source's; its affinities do not share prompts",
+            "recompute it from a fine-tune with a frozen text tower",
+        )
     expected = (len(task.probes), len(task.classes))
-    readers = [why for why, reads in (("`kind: relative`", term.kind == "relative"),
-                                      ("`source_weights: agreement` (the default for several sources)",
-                                       term.weighting == "agreement")) if reads]
+    readers = [
+        why
+        for why, reads in (
+            ("`kind: relative`", term.kind == "relative"),
+            (
+                "`source_weights: agreement` (the default for several sources)",
+                term.weighting == "agreement",
+            ),
+        )
+        if reads
+    ]
     for name in ("utd", "source_affinity") if readers else ("utd",):
         if name not in entry.tensors:
-            raise BankError(f"descriptor {source!r} of task {term.task!r} has no source affinities, which "
-                            f"{' and '.join(readers)} reads (it was made by an older ptc)",
-                            "recompute it with `ptc descriptor add`, or use kind: difference and "
-                            "source_weights: uniform")
+            raise BankError(
+                f"descriptor {source!r} of task {term.task!r} has no source affinities, which "
+                f"{' and '.join(readers)} reads (it was made by an older ptc)",
+                "recompute it with `ptc descriptor add`, or use kind: difference and "
+                "source_weights: uniform",
+            )
         if tuple(entry.tensors[name].shape) != expected:
-            raise BankError(f"descriptor {source!r} of task {term.task!r} is "
-                            f"{tuple(entry.tensors[name].shape)} but the grid is {expected}",
-                            "recompute it with `ptc descriptor add`")
+            raise BankError(
+                f"descriptor {source!r} of task {term.task!r} is "
+                f"{tuple(entry.tensors[name].shape)} but the grid is {expected}",
+                "recompute it with `ptc descriptor add`",
+            )
     return entry
 
 
@@ -98,12 +113,17 @@ def _recipe_output(recipe_path: Path, written: str) -> Path:
         return relative.resolve()
     lexical = Path(os.path.normpath(base / relative))
     if not lexical.is_relative_to(base):
-        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder {base} via '..'",
-                          "write it inside the recipe's folder, or pass --out")
+        raise OutputError(
+            f"{recipe_path}: export.out: {written!r} escapes the recipe's folder {base} via '..'",
+            "write it inside the recipe's folder, or pass --out",
+        )
     resolved = lexical.resolve()
     if not resolved.is_relative_to(base.resolve()):
-        raise OutputError(f"{recipe_path}: export.out: {written!r} escapes the recipe's folder via a symlink "
-                          f"(it resolves to {resolved})", "pass --out to write there on purpose")
+        raise OutputError(
+            f"{recipe_path}: export.out: {written!r} escapes the recipe's folder via a symlink "
+            f"(it resolves to {resolved})",
+            "pass --out to write there on purpose",
+        )
     return resolved
 
 
@@ -119,7 +139,9 @@ def _output_dir(recipe: Recipe, recipe_path: Path, options: Options, bank: Bank)
         raise OutputError(f"output {out} exists and is not a directory")
     if options.export and out.is_dir() and any(out.iterdir()):
         if not options.force:
-            raise OutputError(f"output directory {out} exists and is not empty", "pass --force to replace it")
+            raise OutputError(
+                f"output directory {out} exists and is not empty", "pass --force to replace it"
+            )
         check_replaceable(out)  # --force replaces only what ptc wrote there
     return out
 
@@ -147,31 +169,60 @@ def plan(recipe_path: Path, options: Options = Options()) -> Plan:
         try:
             planned.append(_plan_term(bank, term, checked))
         except PtcError as exc:
-            raise type(exc)(f"{_where(recipe_path, ('terms', index))}: terms[{index}]: {exc.message}",
-                            exc.hint) from None
+            raise type(exc)(
+                f"{_where(recipe_path, ('terms', index))}: terms[{index}]: {exc.message}", exc.hint
+            ) from None
     term_tasks = {pt.task.name for pt in planned}
     if recipe.verify.certify and recipe.route != "closed_form":
-        raise RecipeError(f"{recipe_path}: verify.certify: the certificate needs the closed form's per-term "
-                          f"edits; route {recipe.route!r} has none", "use route: closed_form, or drop verify.certify")
-    return Plan(recipe_path, recipe, recipe_path.read_bytes(), bank, location, tuple(planned),
-                _output_dir(recipe, recipe_path, options, bank),
-                _plan_folders(recipe.evaluate, "evaluate", recipe_path, bank,
-                              "give a labelled folder DIR/<class name>/<files>, relative to the recipe"),
-                _plan_controls(recipe, recipe_path, bank, term_tasks),
-                _plan_folders(recipe.verify.certify, "verify.certify", recipe_path, bank,
-                              "give a folder of inputs (labels are not needed), relative to the recipe",
-                              only=term_tasks))
+        raise RecipeError(
+            f"{recipe_path}: verify.certify: the certificate needs the closed form's per-term "
+            f"edits; route {recipe.route!r} has none",
+            "use route: closed_form, or drop verify.certify",
+        )
+    return Plan(
+        recipe_path,
+        recipe,
+        recipe_path.read_bytes(),
+        bank,
+        location,
+        tuple(planned),
+        _output_dir(recipe, recipe_path, options, bank),
+        _plan_folders(
+            recipe.evaluate,
+            "evaluate",
+            recipe_path,
+            bank,
+            "give a labelled folder DIR/<class name>/<files>, relative to the recipe",
+        ),
+        _plan_controls(recipe, recipe_path, bank, term_tasks),
+        _plan_folders(
+            recipe.verify.certify,
+            "verify.certify",
+            recipe_path,
+            bank,
+            "give a folder of inputs (labels are not needed), relative to the recipe",
+            only=term_tasks,
+        ),
+    )
 
 
-def _plan_folders(folders: dict[str, str], field: str, recipe_path: Path, bank: Bank, hint: str,
-                  only: set[str] | None = None) -> tuple[tuple[TaskRecord, Path], ...]:
+def _plan_folders(
+    folders: dict[str, str],
+    field: str,
+    recipe_path: Path,
+    bank: Bank,
+    hint: str,
+    only: set[str] | None = None,
+) -> tuple[tuple[TaskRecord, Path], ...]:
     """(task, folder) for a recipe block mapping task names to data folders."""
     planned = []
     for name, folder in folders.items():
         where = _where(recipe_path, (field, name))
         if only is not None and name not in only:
-            raise RecipeError(f"{where}: {field}.{name}: {name!r} is no term's task",
-                              f"certify one of the recipe's tasks: {', '.join(sorted(only))}")
+            raise RecipeError(
+                f"{where}: {field}.{name}: {name!r} is no term's task",
+                f"certify one of the recipe's tasks: {', '.join(sorted(only))}",
+            )
         try:
             task = bank.task(name)
         except PtcError as exc:
@@ -183,7 +234,9 @@ def _plan_folders(folders: dict[str, str], field: str, recipe_path: Path, bank: 
     return tuple(planned)
 
 
-def _plan_controls(recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: set[str]) -> tuple[TaskRecord, ...]:
+def _plan_controls(
+    recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: set[str]
+) -> tuple[TaskRecord, ...]:
     """The control grids `strength: auto` bounds: as listed, or every other registered task."""
     if recipe.strength.mode != "auto":
         return ()
@@ -192,12 +245,17 @@ def _plan_controls(recipe: Recipe, recipe_path: Path, bank: Bank, term_tasks: se
         names = tuple(n for n in bank.task_names() if n not in term_tasks)
     controls = []
     for index, name in enumerate(names):
-        field = f"strength.control (bank task {name!r}, taken as no term edits it)" if implicit \
+        field = (
+            f"strength.control (bank task {name!r}, taken as no term edits it)"
+            if implicit
             else f"strength.control[{index}]"
+        )
         where = recipe_path if implicit else _where(recipe_path, ("strength", "control", index))
         if name in term_tasks:
-            raise RecipeError(f"{where}: {field}: {name!r} is a term's task, not a control",
-                              "a control grid must come from a task no term edits")
+            raise RecipeError(
+                f"{where}: {field}: {name!r} is a term's task, not a control",
+                "a control grid must come from a task no term edits",
+            )
         try:
             task = bank.task(name)
             check_grid_unchanged(task)

@@ -10,8 +10,8 @@ from typing import Literal
 
 import pydantic
 
-from ptc.errors import RecipeError
 from ptc.compiler.tasks.grid import NAME_PATTERN
+from ptc.errors import RecipeError
 from ptc.strict_yaml import PathText, load_yaml, validate
 
 MAX_ABS_WEIGHT = 100.0
@@ -46,7 +46,9 @@ class Term(_Strict):
     affinity scale, minus the target's own: see descriptor.relative_descriptor."""
 
     task: str = pydantic.Field(pattern=NAME_PATTERN)
-    source: tuple[str, ...] = pydantic.Field(description="descriptor id(s) in the bank; one may be written bare")
+    source: tuple[str, ...] = pydantic.Field(
+        description="descriptor id(s) in the bank; one may be written bare"
+    )
     # None: `agreement` where weights apply (mean, normalised), none for a median
     source_weights: tuple[float, ...] | Literal["agreement", "uniform"] | None = None
     # normalised beat mean and median on the zoo's train split for both descriptor kinds
@@ -58,7 +60,9 @@ class Term(_Strict):
     @classmethod
     def _weights_shape(cls, value):
         if isinstance(value, str) and value not in ("agreement", "uniform"):
-            raise ValueError(f"expected agreement, uniform or a list of positive numbers, not {value!r}")
+            raise ValueError(
+                f"expected agreement, uniform or a list of positive numbers, not {value!r}"
+            )
         return _as_tuple(value)
 
     @pydantic.field_validator("source", mode="before")
@@ -71,9 +75,13 @@ class Term(_Strict):
             raise ValueError(f"expected 1 to {MAX_SOURCES} descriptor ids")
         for descriptor_id in ids:
             if not re.match(NAME_PATTERN, descriptor_id):
-                raise ValueError(f"descriptor id {descriptor_id!r} is not valid (letters, digits, '.', '_', '-')")
+                raise ValueError(
+                    f"descriptor id {descriptor_id!r} is not valid (letters, digits, '.', '_', '-')"
+                )
         if len(set(ids)) != len(ids):
-            raise ValueError(f"descriptor ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+            raise ValueError(
+                f"descriptor ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}"
+            )
         return ids
 
     @pydantic.field_validator("source_weights", mode="after")
@@ -90,8 +98,10 @@ class Term(_Strict):
             raise ValueError("expected a number")
         value = _finite(float(value))
         if value == 0 or abs(value) > MAX_ABS_WEIGHT:
-            raise ValueError(f"expected a non-zero weight with |weight| <= {MAX_ABS_WEIGHT:g} "
-                             "(the paper uses 0.5 to add and -0.5 or -1 to negate)")
+            raise ValueError(
+                f"expected a non-zero weight with |weight| <= {MAX_ABS_WEIGHT:g} "
+                "(the paper uses 0.5 to add and -0.5 or -1 to negate)"
+            )
         return value
 
     @pydantic.model_validator(mode="after")
@@ -99,12 +109,18 @@ class Term(_Strict):
         if self.source_weights is not None:
             if isinstance(self.source_weights, str):
                 if self.combine == "median" and self.source_weights == "agreement":
-                    raise ValueError("source_weights: agreement cannot weight a median; use combine: mean or normalised")
+                    raise ValueError(
+                        "source_weights: agreement cannot weight a median; use combine: mean or normalised"
+                    )
             elif len(self.source_weights) != len(self.sources):
-                raise ValueError(f"source_weights has {len(self.source_weights)} numbers for "
-                                 f"{len(self.sources)} sources")
+                raise ValueError(
+                    f"source_weights has {len(self.source_weights)} numbers for "
+                    f"{len(self.sources)} sources"
+                )
             if self.combine == "median":
-                raise ValueError("source_weights cannot weight a median; use combine: mean or normalised")
+                raise ValueError(
+                    "source_weights cannot weight a median; use combine: mean or normalised"
+                )
         return self
 
     @property
@@ -150,13 +166,14 @@ class Strength(_Strict):
 
     mode: Literal["fixed", "auto"] = "fixed"
     control: tuple[str, ...] | None = None  # control tasks; None: every bank task that is no term's
-    control_weight: float = 1.0             # 1.0 chosen on the zoo's train split (results/paper-full.md)
+    control_weight: float = 1.0  # 1.0 chosen on the zoo's train split (results/paper-full.md)
     max_weight: float = 1.0
     folds: int = pydantic.Field(default=4, ge=2, le=16)
 
     _control = pydantic.field_validator("control", mode="before")(lambda cls, v: _as_tuple(v))
     _positive = pydantic.field_validator("control_weight", "max_weight", mode="before")(
-        lambda cls, v: _positive_finite(v))
+        lambda cls, v: _positive_finite(v)
+    )
 
 
 class Verify(_Strict):
@@ -173,7 +190,11 @@ class Verify(_Strict):
     certify: dict[str, PathText] = {}
 
     _tolerances = pydantic.field_validator(
-        "linearity_rtol", "linearity_rtol_fp64", "equivalence_atol", "max_descriptor_residual", mode="before"
+        "linearity_rtol",
+        "linearity_rtol_fp64",
+        "equivalence_atol",
+        "max_descriptor_residual",
+        mode="before",
     )(lambda cls, v: v if v is None else _positive_finite(v))
 
 
@@ -198,7 +219,8 @@ class Triton(_Strict):
 class Export(_Strict):
     out: PathText | None = None
     formats: tuple[Literal["onnx", "safetensors", "triton"], ...] = FORMATS
-    precision: tuple[Literal["fp32", "fp16"], ...] = ("fp32",)  # fp16: extra *_fp16.onnx towers, fp32 I/O
+    # fp16: extra *_fp16.onnx towers, fp32 I/O
+    precision: tuple[Literal["fp32", "fp16"], ...] = ("fp32",)
     triton: Triton = Triton()
 
     @pydantic.field_validator("formats", "precision", mode="before")
@@ -213,14 +235,20 @@ class Export(_Strict):
     @pydantic.model_validator(mode="after")
     def _needs_onnx(self):
         if "onnx" not in self.formats and ("triton" in self.formats or "fp16" in self.precision):
-            raise ValueError("'triton' and fp16 precision are made from the ONNX towers: add 'onnx' to formats")
+            raise ValueError(
+                "'triton' and fp16 precision are made from the ONNX towers: add 'onnx' to formats"
+            )
         if "fp32" not in self.precision:
-            raise ValueError("precision must include fp32 (the fp16 towers are verified against it)")
+            raise ValueError(
+                "precision must include fp32 (the fp16 towers are verified against it)"
+            )
         return self
 
 
 class Recipe(_Strict):
-    target: PathText = pydantic.Field(min_length=1, description="model reference, e.g. hf:/models/clip")
+    target: PathText = pydantic.Field(
+        min_length=1, description="model reference, e.g. hf:/models/clip"
+    )
     terms: tuple[Term, ...] = pydantic.Field(min_length=1)
     route: RouteName = "closed_form"
     solve: Solve = Solve()
@@ -253,7 +281,10 @@ def load_recipe(path: Path) -> Recipe:
         key = (term.task, term.label)
         if key in seen:
             line = locate(("terms", index))
-            raise RecipeError(f"{path}:{line}: terms[{index}]: task {term.task!r} from source "
-                              f"{term.label!r} appears twice", "merge the two terms into one weight")
+            raise RecipeError(
+                f"{path}:{line}: terms[{index}]: task {term.task!r} from source "
+                f"{term.label!r} appears twice",
+                "merge the two terms into one weight",
+            )
         seen.add(key)
     return recipe

@@ -18,9 +18,9 @@ import pydantic
 
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.sources.bulk import SourceSpec, fill_bank
+from ptc.compiler.tasks.grid import NAME_PATTERN, TaskSpec, load_task
 from ptc.devices import Compute
 from ptc.errors import PlanError
-from ptc.compiler.tasks.grid import NAME_PATTERN, TaskSpec, load_task
 from ptc.strict_yaml import PathText, load_yaml, validate
 
 
@@ -43,7 +43,11 @@ class PlanFile(_Strict):
     @pydantic.field_validator("ridge", mode="before")
     @classmethod
     def _ridge(cls, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) < float("inf"):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < float(value) < float("inf")
+        ):
             raise ValueError("expected a positive finite number")
         return float(value)
 
@@ -71,27 +75,41 @@ def load_plan(path: Path) -> BankPlan:
     for index, source in enumerate(plan.sources):
         unknown = sorted(set(source.finetuned) - names)
         if unknown:
-            raise PlanError(f"{path}:{locate(('sources', index, 'finetuned'))}: sources[{index}].finetuned: "
-                            f"task {unknown[0]!r} is not one of the plan's tasks", f"tasks: {', '.join(sorted(names))}")
+            raise PlanError(
+                f"{path}:{locate(('sources', index, 'finetuned'))}: sources[{index}].finetuned: "
+                f"task {unknown[0]!r} is not one of the plan's tasks",
+                f"tasks: {', '.join(sorted(names))}",
+            )
         if ids.count(source.id) > 1:
-            raise PlanError(f"{path}:{locate(('sources', index))}: sources[{index}].id: {source.id!r} appears twice",
-                            "descriptor ids are per source: give each source its own id")
-    sources = tuple(SourceSpec(s.id, s.pre, dict(sorted(s.finetuned.items()))) for s in plan.sources)
+            raise PlanError(
+                f"{path}:{locate(('sources', index))}: sources[{index}].id: {source.id!r} appears twice",
+                "descriptor ids are per source: give each source its own id",
+            )
+    sources = tuple(
+        SourceSpec(s.id, s.pre, dict(sorted(s.finetuned.items()))) for s in plan.sources
+    )
     return BankPlan(path, tasks, sources, tuple(plan.targets), plan.ridge)
 
 
 def check_references(plan: BankPlan) -> None:
     """PlanError, naming the field, for any target, source or fine-tune that does not resolve."""
     from ptc import targets
-
-    from ptc.errors import PtcError
     from ptc.compiler.sources.descriptor import check_finetuned
+    from ptc.errors import PtcError
 
-    checks = [(f"targets[{i}]", targets.check, (ref, plan.base_dir)) for i, ref in enumerate(plan.targets)]
+    checks = [
+        (f"targets[{i}]", targets.check, (ref, plan.base_dir)) for i, ref in enumerate(plan.targets)
+    ]
     for i, source in enumerate(plan.sources):
         checks.append((f"sources[{i}].pre", targets.check, (source.pre, plan.base_dir)))
-        checks += [(f"sources[{i}].finetuned.{task}", check_finetuned, (source.pre, finetuned, plan.base_dir))
-                   for task, finetuned in source.finetuned.items()]
+        checks += [
+            (
+                f"sources[{i}].finetuned.{task}",
+                check_finetuned,
+                (source.pre, finetuned, plan.base_dir),
+            )
+            for task, finetuned in source.finetuned.items()
+        ]
     for field, check, args in checks:
         try:
             check(*args)
@@ -99,8 +117,15 @@ def check_references(plan: BankPlan) -> None:
             raise PlanError(f"{plan.path}: {field}: {exc.message}", exc.hint) from None
 
 
-def run_plan(plan: BankPlan, bank: Bank, ray_address: str | None = None, replace: bool = False,
-             batch_size: int = 64, progress: bool = True, compute: Compute = Compute()) -> Counter:
+def run_plan(
+    plan: BankPlan,
+    bank: Bank,
+    ray_address: str | None = None,
+    replace: bool = False,
+    batch_size: int = 64,
+    progress: bool = True,
+    compute: Compute = Compute(),
+) -> Counter:
     """Register the plan's tasks, then compute everything the bank is missing. Every model the
     plan names is resolved first: a plan that cannot run writes nothing."""
     check_references(plan)
@@ -108,10 +133,32 @@ def run_plan(plan: BankPlan, bank: Bank, ray_address: str | None = None, replace
     for task in plan.tasks:
         counts["tasks_registered"] += bank.add_task(task, replace=replace)[1]
     if ray_address is None:
-        counts.update(fill_bank(bank, list(plan.sources), list(plan.targets), plan.ridge, plan.base_dir,
-                                batch_size, progress, compute))
+        counts.update(
+            fill_bank(
+                bank,
+                list(plan.sources),
+                list(plan.targets),
+                plan.ridge,
+                plan.base_dir,
+                batch_size,
+                progress,
+                compute,
+            )
+        )
     else:
         from ptc.compiler.sources.bulk_ray import fill_bank_on_ray
-        counts.update(fill_bank_on_ray(bank, list(plan.sources), list(plan.targets), plan.ridge, plan.base_dir,
-                                       batch_size, progress, ray_address, compute))
+
+        counts.update(
+            fill_bank_on_ray(
+                bank,
+                list(plan.sources),
+                list(plan.targets),
+                plan.ridge,
+                plan.base_dir,
+                batch_size,
+                progress,
+                ray_address,
+                compute,
+            )
+        )
     return counts

@@ -19,8 +19,20 @@ from ptc.errors import PtcError, TaskError
 from ptc.strict_yaml import PathText, load_yaml, validate
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-PROBE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".gif", ".tif", ".tiff",
-                  ".wav", ".flac", ".ogg", ".mp3"}
+PROBE_SUFFIXES = {
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".bmp",
+    ".webp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".wav",
+    ".flac",
+    ".ogg",
+    ".mp3",
+}
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
@@ -46,7 +58,9 @@ class TaskFile(pydantic.BaseModel):
     def _one_slot(cls, templates: list[str]) -> list[str]:
         for template in templates:
             if template.count("{}") != 1:
-                raise ValueError(f"each template needs exactly one '{{}}' for the class name: {template!r}")
+                raise ValueError(
+                    f"each template needs exactly one '{{}}' for the class name: {template!r}"
+                )
         return templates
 
 
@@ -71,7 +85,9 @@ class TaskSpec:
 
 def probe_files(folder: Path) -> list[Path]:
     """Every probe file under `folder` (recursively), in grid order: sorted by relative path."""
-    files = [p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in PROBE_SUFFIXES]
+    files = [
+        p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in PROBE_SUFFIXES
+    ]
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
 
 
@@ -79,18 +95,24 @@ def _collect_probes(spec: TaskFile, base: Path, task_path: Path) -> tuple[Path, 
     if isinstance(spec.probes, str):
         folder = (base / spec.probes).resolve()
         if not folder.is_dir():
-            raise TaskError(f"{task_path}: probes: {folder} is not a folder",
-                            "give a folder of probe files or a list of files, relative to the task file")
+            raise TaskError(
+                f"{task_path}: probes: {folder} is not a folder",
+                "give a folder of probe files or a list of files, relative to the task file",
+            )
         files = probe_files(folder)
     else:
         files = sorted(((base / p).resolve() for p in spec.probes), key=lambda p: p.as_posix())
         missing = [str(p) for p in files if not p.is_file()]
         if missing:
-            raise TaskError(f"{task_path}: probes: file not found: {missing[0]}"
-                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise TaskError(
+                f"{task_path}: probes: file not found: {missing[0]}"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
     if not files:
-        raise TaskError(f"{task_path}: probes: no probe files found in {spec.probes}",
-                        f"supported suffixes: {' '.join(sorted(PROBE_SUFFIXES))}")
+        raise TaskError(
+            f"{task_path}: probes: no probe files found in {spec.probes}",
+            f"supported suffixes: {' '.join(sorted(PROBE_SUFFIXES))}",
+        )
     return tuple(files)
 
 
@@ -129,8 +151,10 @@ def grid_hash(probes: tuple[Path, ...] | list[Path], prompts: list[str]) -> str:
         try:
             data = Path(probe).read_bytes()
         except OSError as exc:
-            raise TaskError(f"probe {probe}: cannot read: {exc.strerror}",
-                            "the probes moved or changed since the task was registered") from None
+            raise TaskError(
+                f"probe {probe}: cannot read: {exc.strerror}",
+                "the probes moved or changed since the task was registered",
+            ) from None
         digest.update(len(data).to_bytes(8, "little") + data)
     for prompt in prompts:
         encoded = prompt.encode("utf-8")
@@ -140,7 +164,11 @@ def grid_hash(probes: tuple[Path, ...] | list[Path], prompts: list[str]) -> str:
 
 def check_name(kind: str, name: str) -> str:
     # fullmatch: `$` in re.match also accepts a trailing newline ("src\n")
-    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN.removeprefix("^").removesuffix("$"), name):
-        raise TaskError(f"{kind} name {name!r} is not valid",
-                        "use letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if not isinstance(name, str) or not re.fullmatch(
+        NAME_PATTERN.removeprefix("^").removesuffix("$"), name
+    ):
+        raise TaskError(
+            f"{kind} name {name!r} is not valid",
+            "use letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
     return name

@@ -6,16 +6,15 @@ from pathlib import Path
 
 import torch
 
-from ptc.targets.base import DualEncoder
 from ptc import targets
-
 from ptc.compiler.bank.store import TaskRecord
-from ptc.devices import Compute, autocast
-from ptc.compiler.method.descriptor import class_embeddings, normalise
 from ptc.compiler.embed import embed_probe_files
+from ptc.compiler.method.descriptor import class_embeddings, normalise
+from ptc.compiler.tasks.labelled import labelled_files
+from ptc.devices import Compute, autocast
 from ptc.errors import InputError
 from ptc.files import read_json_file
-from ptc.compiler.tasks.labelled import labelled_files
+from ptc.targets.base import DualEncoder
 
 
 def resolve_model(model: str) -> tuple[str, Path]:
@@ -25,38 +24,69 @@ def resolve_model(model: str) -> tuple[str, Path]:
         record = read_json_file(report, "build report")
         native = record.get("native_ref") if isinstance(record, dict) else None
         if not isinstance(native, (str, type(None))):
-            raise InputError(f"{report}: native_ref is not a model reference", "the output is damaged; rebuild it")
+            raise InputError(
+                f"{report}: native_ref is not a model reference",
+                "the output is damaged; rebuild it",
+            )
         if not native:
-            raise InputError(f"{model}: this build exported no native checkpoint",
-                             "build with export.formats including safetensors")
+            raise InputError(
+                f"{model}: this build exported no native checkpoint",
+                "build with export.formats including safetensors",
+            )
         return native, report.parent.resolve()
     return model, Path(".")
 
 
-def zero_shot_correct(encoder: DualEncoder, task: TaskRecord, pairs: list[tuple[Path, int]], batch_size: int = 64,
-                      progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def zero_shot_correct(
+    encoder: DualEncoder,
+    task: TaskRecord,
+    pairs: list[tuple[Path, int]],
+    batch_size: int = 64,
+    progress: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct, labels) per (file, class index) pair: whether the encoder's nearest class prompt
     is the file's class."""
     with autocast(encoder):
-        class_rows = class_embeddings(encoder.embed_prompts(task.prompts).double(), len(task.classes))
+        class_rows = class_embeddings(
+            encoder.embed_prompts(task.prompts).double(), len(task.classes)
+        )
     inputs = embed_probe_files(encoder, [p for p, _ in pairs], batch_size, "eval", progress)
     predictions = (normalise(inputs.double()) @ class_rows.T).argmax(dim=1)
     labels = torch.tensor([label for _, label in pairs])
     return predictions == labels, labels
 
 
-def zero_shot_accuracy(encoder: DualEncoder, task: TaskRecord, data_dir: Path, batch_size: int = 64,
-                       progress: bool = True) -> dict:
+def zero_shot_accuracy(
+    encoder: DualEncoder,
+    task: TaskRecord,
+    data_dir: Path,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict:
     pairs = labelled_files(data_dir, task.classes)
     correct, labels = zero_shot_correct(encoder, task, pairs, batch_size, progress)
-    per_class = {name: float(correct[labels == i].float().mean()) for i, name in enumerate(task.classes)
-                 if (labels == i).any()}
-    return {"task": task.name, "accuracy": float(correct.float().mean()), "correct": int(correct.sum()),
-            "total": len(pairs), "per_class": per_class}
+    per_class = {
+        name: float(correct[labels == i].float().mean())
+        for i, name in enumerate(task.classes)
+        if (labels == i).any()
+    }
+    return {
+        "task": task.name,
+        "accuracy": float(correct.float().mean()),
+        "correct": int(correct.sum()),
+        "total": len(pairs),
+        "per_class": per_class,
+    }
 
 
-def evaluate(model: str, task: TaskRecord, data_dir: Path, batch_size: int = 64, progress: bool = True,
-             compute: Compute = Compute()) -> dict:
+def evaluate(
+    model: str,
+    task: TaskRecord,
+    data_dir: Path,
+    batch_size: int = 64,
+    progress: bool = True,
+    compute: Compute = Compute(),
+) -> dict:
     ref, base = resolve_model(model)
     encoder = compute.place(targets.load(ref, base))
     return {"model": model, **zero_shot_accuracy(encoder, task, data_dir, batch_size, progress)}

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ptc.targets.openclip import write_local_dir
-
 from ptc.lab.tiny_vocab import clip_tokenizer
+from ptc.targets.openclip import write_local_dir
 
 # text_cfg.hf_tokenizer_name of a tiny-vocabulary model: any non-empty name makes open_clip's
 # get_tokenizer load the tokenizer saved in a local-dir folder; this one says whose it is.
@@ -20,9 +19,18 @@ TINY_TOKENIZER = "ptc/tiny-vocab"
 # builds a model). Separate q/k/v projections (qkv_fused off) put the paper's q/v LoRA on real
 # modules. The committed zoo:eva's is w64; w96 is the wide-1.5 trial's (benchmarks/rebuild_trial.py).
 TIMM_TOWERS = {
-    f"ptc_eva02_w{width}_d4_p4_32": {"img_size": 32, "patch_size": 4, "embed_dim": width, "depth": 4, "num_heads": 4,
-                                     "mlp_ratio": 4 * 2 / 3, "swiglu_mlp": True, "qkv_fused": False,
-                                     "use_rot_pos_emb": True, "ref_feat_shape": (8, 8)}
+    f"ptc_eva02_w{width}_d4_p4_32": {
+        "img_size": 32,
+        "patch_size": 4,
+        "embed_dim": width,
+        "depth": 4,
+        "num_heads": 4,
+        "mlp_ratio": 4 * 2 / 3,
+        "swiglu_mlp": True,
+        "qkv_fused": False,
+        "use_rot_pos_emb": True,
+        "ref_feat_shape": (8, 8),
+    }
     for width in (64, 96)
 }
 
@@ -36,9 +44,14 @@ def register_timm_towers() -> None:
     def factory(name: str, size: dict):
         def create(pretrained: bool = False, **kwargs):
             if pretrained:
-                raise ModelError(f"timm tower {name}: the lab's small towers have no pretrained weights")
+                raise ModelError(
+                    f"timm tower {name}: the lab's small towers have no pretrained weights"
+                )
             # timm's own EVA02 recipe, with the tiny variant's metadata and these sizes.
-            return build_model_with_cfg(eva.Eva, "eva02_tiny_patch14_224", pretrained=False, **{**size, **kwargs})
+            return build_model_with_cfg(
+                eva.Eva, "eva02_tiny_patch14_224", pretrained=False, **{**size, **kwargs}
+            )
+
         create.__name__ = create.__qualname__ = name
         return create
 
@@ -48,7 +61,13 @@ def register_timm_towers() -> None:
 
 
 def _text_cfg(width: int, heads: int, layers: int, context_length: int) -> dict:
-    return {"context_length": context_length, "vocab_size": 49408, "width": width, "heads": heads, "layers": layers}
+    return {
+        "context_length": context_length,
+        "vocab_size": 49408,
+        "width": width,
+        "heads": heads,
+        "layers": layers,
+    }
 
 
 def save_tiny(folder: Path, model_cfg: dict, seed: int, vocab: str = "bundled") -> Path:
@@ -63,48 +82,137 @@ def save_tiny(folder: Path, model_cfg: dict, seed: int, vocab: str = "bundled") 
         raise ValueError(f"vocab must be 'bundled' or 'tiny', not {vocab!r}")
     tokenizer = clip_tokenizer() if vocab == "tiny" else None
     if tokenizer is not None:
-        text_cfg = model_cfg["text_cfg"] | {"vocab_size": len(tokenizer), "hf_tokenizer_name": TINY_TOKENIZER}
+        text_cfg = model_cfg["text_cfg"] | {
+            "vocab_size": len(tokenizer),
+            "hf_tokenizer_name": TINY_TOKENIZER,
+        }
         model_cfg = model_cfg | {"text_cfg": text_cfg}
     register_timm_towers()
     torch.manual_seed(seed)
-    write_local_dir(folder, open_clip.CLIP(**model_cfg).eval(), {"model_cfg": model_cfg, "preprocess_cfg": {}}, tokenizer)
+    write_local_dir(
+        folder,
+        open_clip.CLIP(**model_cfg).eval(),
+        {"model_cfg": model_cfg, "preprocess_cfg": {}},
+        tokenizer,
+    )
     return folder
 
 
-def build_tiny(folder: Path, *, width: int = 32, embed_dim: int = 20, layers: int = 2, heads: int = 2,
-               image_size: int = 32, patch_size: int = 8, context_length: int = 24, seed: int = 0,
-               vocab: str = "bundled") -> Path:
+def build_tiny(
+    folder: Path,
+    *,
+    width: int = 32,
+    embed_dim: int = 20,
+    layers: int = 2,
+    heads: int = 2,
+    image_size: int = 32,
+    patch_size: int = 8,
+    context_length: int = 24,
+    seed: int = 0,
+    vocab: str = "bundled",
+) -> Path:
     """A tiny open_clip ViT (projection: the bare visual.proj parameter)."""
-    vision = {"image_size": image_size, "layers": layers, "width": width, "patch_size": patch_size,
-              "head_width": width // heads}
-    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(width, heads, layers, context_length)}, seed, vocab)
+    vision = {
+        "image_size": image_size,
+        "layers": layers,
+        "width": width,
+        "patch_size": patch_size,
+        "head_width": width // heads,
+    }
+    return save_tiny(
+        folder,
+        {
+            "embed_dim": embed_dim,
+            "vision_cfg": vision,
+            "text_cfg": _text_cfg(width, heads, layers, context_length),
+        },
+        seed,
+        vocab,
+    )
 
 
-def build_tiny_resnet(folder: Path, *, width: int = 8, embed_dim: int = 16, image_size: int = 64,
-                      context_length: int = 24, seed: int = 0, vocab: str = "bundled") -> Path:
+def build_tiny_resnet(
+    folder: Path,
+    *,
+    width: int = 8,
+    embed_dim: int = 16,
+    image_size: int = 64,
+    context_length: int = 24,
+    seed: int = 0,
+    vocab: str = "bundled",
+) -> Path:
     """A tiny open_clip ModifiedResNet (projection: the attention pool's c_proj, with bias)."""
     vision = {"image_size": image_size, "layers": [1, 1, 1, 1], "width": width, "head_width": width}
-    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed, vocab)
+    return save_tiny(
+        folder,
+        {
+            "embed_dim": embed_dim,
+            "vision_cfg": vision,
+            "text_cfg": _text_cfg(32, 2, 2, context_length),
+        },
+        seed,
+        vocab,
+    )
 
 
-def build_tiny_timm(folder: Path, *, timm_model: str = "eva02_tiny_patch14_224", embed_dim: int = 24,
-                    context_length: int = 24, seed: int = 0, vocab: str = "bundled") -> Path:
+def build_tiny_timm(
+    folder: Path,
+    *,
+    timm_model: str = "eva02_tiny_patch14_224",
+    embed_dim: int = 24,
+    context_length: int = 24,
+    seed: int = 0,
+    vocab: str = "bundled",
+) -> Path:
     """An open_clip CLIP whose image tower is a timm model (EVA02 by default, as EVA-CLIP),
     with a linear head projection."""
-    vision = {"timm_model_name": timm_model, "timm_model_pretrained": False, "timm_pool": "token",
-              "timm_proj": "linear", "image_size": 224}
-    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(32, 2, 2, context_length)}, seed, vocab)
+    vision = {
+        "timm_model_name": timm_model,
+        "timm_model_pretrained": False,
+        "timm_pool": "token",
+        "timm_proj": "linear",
+        "image_size": 224,
+    }
+    return save_tiny(
+        folder,
+        {
+            "embed_dim": embed_dim,
+            "vision_cfg": vision,
+            "text_cfg": _text_cfg(32, 2, 2, context_length),
+        },
+        seed,
+        vocab,
+    )
 
 
-def build_tiny_eva(folder: Path, *, tower: str = "ptc_eva02_w64_d4_p4_32", embed_dim: int = 72,
-                   text_width: int = 64, text_layers: int = 4, heads: int = 4, context_length: int = 24,
-                   seed: int = 0, vocab: str = "bundled") -> Path:
+def build_tiny_eva(
+    folder: Path,
+    *,
+    tower: str = "ptc_eva02_w64_d4_p4_32",
+    embed_dim: int = 72,
+    text_width: int = 64,
+    text_layers: int = 4,
+    heads: int = 4,
+    context_length: int = 24,
+    seed: int = 0,
+    vocab: str = "bundled",
+) -> Path:
     """An open_clip CLIP with one of TIMM_TOWERS (an EVA02) as its image tower, class-token pooled,
     with a linear head projection (the edit site, `visual.head.proj`)."""
-    vision = {"timm_model_name": tower, "timm_model_pretrained": False, "timm_pool": "token",
-              "timm_proj": "linear", "image_size": TIMM_TOWERS[tower]["img_size"]}
-    return save_tiny(folder, {"embed_dim": embed_dim, "vision_cfg": vision,
-                              "text_cfg": _text_cfg(text_width, heads, text_layers, context_length)}, seed, vocab)
+    vision = {
+        "timm_model_name": tower,
+        "timm_model_pretrained": False,
+        "timm_pool": "token",
+        "timm_proj": "linear",
+        "image_size": TIMM_TOWERS[tower]["img_size"],
+    }
+    return save_tiny(
+        folder,
+        {
+            "embed_dim": embed_dim,
+            "vision_cfg": vision,
+            "text_cfg": _text_cfg(text_width, heads, text_layers, context_length),
+        },
+        seed,
+        vocab,
+    )

@@ -12,15 +12,22 @@ def test_bench_quick_tiny_writes_all_figures(tmp_path):
     result = run_ptc("bench", "--quick", "--size", "tiny", "--out", out)
     assert result.returncode == 0, result.stderr
     results = json.loads(out.read_text())
-    assert {"machine", "bank_build", "solve", "compile", "latency", "routes", "scaling"} <= set(results)
-    figures = [results["bank_build"]["ratio_to_floor"], results["solve"]["paper_size"]["speedup_vs_svd_per_operator"],
-               results["compile"]["warm_no_export_seconds"], results["latency"]["edited_over_base"],
-               results["routes"]["adapter_over_closed_form"]]
+    assert {"machine", "bank_build", "solve", "compile", "latency", "routes", "scaling"} <= set(
+        results
+    )
+    figures = [
+        results["bank_build"]["ratio_to_floor"],
+        results["solve"]["paper_size"]["speedup_vs_svd_per_operator"],
+        results["compile"]["warm_no_export_seconds"],
+        results["latency"]["edited_over_base"],
+        results["routes"]["adapter_over_closed_form"],
+    ]
     assert all(math.isfinite(f) and f > 0 for f in figures)
     # A fitted exponent of millisecond timings: finite, but its sign is noise on a loaded machine.
     assert math.isfinite(results["scaling"]["solve"]["N"]["exponent"])
     assert results["compile"]["warm_rebuild"]["grid_embeddings_computed"] == 0
-    assert results["bank_build"]["counts"]["operators_solved"] == 8  # 2 sources x 4 tasks on 1 target
+    # 2 sources x 4 tasks on 1 target
+    assert results["bank_build"]["counts"]["operators_solved"] == 8
     assert "bank build / forward floor" in result.stdout
 
 
@@ -30,15 +37,25 @@ def test_the_real_size_benchmark_measures_every_goal_at_tiny_cost():
     from ptc.lab.benchmarks import real_size
 
     results = real_size.run("vit-tiny16", echo=lambda line: None, probes=16)
-    for figure in (results["cold_build"]["ratio_to_forward_floor"], results["warm_rebuild"]["seconds"],
-                   results["warm_rebuild"]["ratio_to_own_floor"], results["peak_rss_over_model_bytes"],
-                   results["export"]["edited_over_base_latency"]):
+    for figure in (
+        results["cold_build"]["ratio_to_forward_floor"],
+        results["warm_rebuild"]["seconds"],
+        results["warm_rebuild"]["ratio_to_own_floor"],
+        results["peak_rss_over_model_bytes"],
+        results["export"]["edited_over_base_latency"],
+    ):
         assert math.isfinite(figure) and figure > 0
-    assert results["export"]["max_abs_diff_vs_fresh_export"] <= 1e-6  # the patched graph is a fresh export's
-    assert results["cold_build"]["cache"]["onnx_towers_patched"] == 1  # the base towers were exported once ...
-    assert results["warm_rebuild"]["cache"] == {"embeddings_computed": 0, "factors_computed": 0,
-                                                "operators_solved": 0, "onnx_towers_patched": 1,
-                                                "onnx_towers_reused": 1}  # ... and reused on the rebuild
+    # the patched graph is a fresh export's
+    assert results["export"]["max_abs_diff_vs_fresh_export"] <= 1e-6
+    # the base towers were exported once ...
+    assert results["cold_build"]["cache"]["onnx_towers_patched"] == 1
+    assert results["warm_rebuild"]["cache"] == {
+        "embeddings_computed": 0,
+        "factors_computed": 0,
+        "operators_solved": 0,
+        "onnx_towers_patched": 1,
+        "onnx_towers_reused": 1,
+    }  # ... and reused on the rebuild
     assert results["verification"]["reload_max_abs_diff"] == 0.0
     rows = dict((name, measured) for name, measured, _ in real_size.summary_rows(results))
     assert "cold build / forward floor" in rows and "patched ONNX vs fresh export" in rows

@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from ptc.lab.zoo.bootstrap import Score, mean_over, mean_score, resample_weights, with_intervals
 from ptc.lab.zoo import report
+from ptc.lab.zoo.bootstrap import Score, mean_over, mean_score, resample_weights, with_intervals
 
-MANY = 20000  # resamples: the bootstrap's own spread of a standard deviation is ~1/sqrt(2 MANY) = 0.5%
+MANY = (
+    20000  # resamples: the bootstrap's own spread of a standard deviation is ~1/sqrt(2 MANY) = 0.5%
+)
 
 
 def _classes(sizes, rates, seed=0):
@@ -66,8 +68,10 @@ def test_a_gain_is_resampled_paired_image_by_image():
     assert isinstance(gain, Score) and float(gain) == pytest.approx(15.0)
     expected = 100 * _stratified_std([(after - before)[labels == c] for c in (0, 1)], before.size)
     assert gain.resamples.std() == pytest.approx(expected, rel=0.03)
-    independent = 100 * math.hypot(_stratified_std([after[labels == c] for c in (0, 1)], 200),
-                                   _stratified_std([before[labels == c] for c in (0, 1)], 200))
+    independent = 100 * math.hypot(
+        _stratified_std([after[labels == c] for c in (0, 1)], 200),
+        _stratified_std([before[labels == c] for c in (0, 1)], 200),
+    )
     assert gain.resamples.std() < 0.6 * independent
 
 
@@ -77,9 +81,12 @@ def test_a_pooled_ratio_is_the_ratio_on_each_resample():
     a, b, c = (mean_score(rng.integers(0, 2, 100), weights) for _ in range(3))
     ratio = (a - c) / (b - c + 1.0)
     assert float(ratio) == pytest.approx((float(a) - float(c)) / (float(b) - float(c) + 1.0))
-    assert ratio.resamples == pytest.approx((a.resamples - c.resamples) / (b.resamples - c.resamples + 1.0))
+    assert ratio.resamples == pytest.approx(
+        (a.resamples - c.resamples) / (b.resamples - c.resamples + 1.0)
+    )
     assert sum([a, b, c]).resamples == pytest.approx(a.resamples + b.resamples + c.resamples)
-    assert (a * np.int64(2)).resamples == pytest.approx(2 * a.resamples)  # numpy scalars keep them too
+    # numpy scalars keep them too
+    assert (a * np.int64(2)).resamples == pytest.approx(2 * a.resamples)
 
 
 def test_comparisons_and_text_read_the_figure_and_intervals_become_siblings():
@@ -89,19 +96,27 @@ def test_comparisons_and_text_read_the_figure_and_intervals_become_siblings():
     assert max([score, 0.5]) is score
     tree = with_intervals({"retention": score, "rows": [{"gain": score}], "n": 3})
     assert tree["retention"] == 0.75 and type(tree["retention"]) is float
-    assert tree["retention_ci95"] == score.interval() and tree["rows"][0]["gain_ci95"] == score.interval()
+    assert (
+        tree["retention_ci95"] == score.interval()
+        and tree["rows"][0]["gain_ci95"] == score.interval()
+    )
     json.dumps(tree)  # plain JSON
     assert math.isnan(mean_over([]))
     pairs = mean_over([0.2, 0.4, 0.6, 0.8] * 10)
     assert float(pairs) == pytest.approx(0.5) and pairs.interval()[0] < 0.5 < pairs.interval()[1]
 
 
-@pytest.mark.parametrize("bounds, verdict", [((0.76, 0.80), report.MET), ((0.60, 0.73), report.NOT_MET),
-                                             ((0.70, 0.78), report.UNSURE)])
+@pytest.mark.parametrize(
+    "bounds, verdict",
+    [((0.76, 0.80), report.MET), ((0.60, 0.73), report.NOT_MET), ((0.70, 0.78), report.UNSURE)],
+)
 def test_a_bar_is_met_only_when_the_interval_says_so(bounds, verdict):
     row = {"retention": sum(bounds) / 2, "retention_ci95": list(bounds)}
     assert report.at_least(row, "retention", 0.74) == verdict
-    assert report.at_least({"retention": sum(bounds) / 2}, "retention", 0.74) in (report.MET, report.NOT_MET)
+    assert report.at_least({"retention": sum(bounds) / 2}, "retention", 0.74) in (
+        report.MET,
+        report.NOT_MET,
+    )
 
 
 def test_random_utd_within_its_bar_and_comparisons_by_overlap():
@@ -109,6 +124,9 @@ def test_random_utd_within_its_bar_and_comparisons_by_overlap():
     assert report.within({"g": -1.0, "g_ci95": [-1.7, -0.5]}, "g", 1.0) == report.UNSURE
     assert report.within({"g": -2.0, "g_ci95": [-2.5, -1.5]}, "g", 1.0) == report.NOT_MET
     a, b = {"x": 0.5, "x_ci95": [0.45, 0.6]}, {"y": 0.4, "y_ci95": [0.3, 0.5]}
-    assert report.above(a, "x", b, "y") == report.UNSURE and report.above(b, "y", {"z": 0.2}, "z") == report.MET
+    assert (
+        report.above(a, "x", b, "y") == report.UNSURE
+        and report.above(b, "y", {"z": 0.2}, "z") == report.MET
+    )
     assert report.all_of(report.MET, report.UNSURE) == report.UNSURE
     assert report.all_of(report.MET, report.NOT_MET, report.UNSURE) == report.NOT_MET

@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 
+from conftest import tree_digest
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.errors import ModelNotFound
 from ptc.lab.zoo import paper
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index
-from conftest import tree_digest
 
 AUDIO_TINY = profile_named("audio-tiny")
 
@@ -37,7 +37,11 @@ def test_the_audio_zoo_records_clap_members_sources_and_descriptors(audio_zoo):
         for task in AUDIO_TINY.source_tasks:
             entry = bank.descriptor(task, f"{name}-s0")
             probes, classes = len(bank.task(task).probes), len(bank.task(task).classes)
-            assert tuple(entry.tensors["utd"].shape) == tuple(entry.tensors["source_affinity"].shape) == (probes, classes)
+            assert (
+                tuple(entry.tensors["utd"].shape)
+                == tuple(entry.tensors["source_affinity"].shape)
+                == (probes, classes)
+            )
         assert all(p.suffix == ".wav" for p in bank.task("pitch").probes)
 
 
@@ -63,7 +67,9 @@ def test_splits_that_are_not_committed_are_written_again_byte_for_byte(audio_zoo
     lines: list[str] = []
     build_zoo(copy, AUDIO_TINY, echo=lines.append)
     assert tree_digest(copy / "world" / "tasks") == before
-    assert [line for line in lines if line.startswith("world: task")] == [f"world: task {t}" for t in AUDIO_TINY.tasks]
+    assert [line for line in lines if line.startswith("world: task")] == [
+        f"world: task {t}" for t in AUDIO_TINY.tasks
+    ]
     assert not any("pretrained" in line for line in lines)  # members were built: no corpus needed
     assert read_index(copy)["members"] == read_index(audio_zoo / "audio")["members"]
 

@@ -10,14 +10,21 @@ import numpy as np
 import pytest
 import soundfile
 
-from ptc.lab.zoo.audio_world import (LENGTHS, PITCHES, SHIFTED_RATE, TASKS, TEMPOS, Clip, render,
-                                      write_task, write_world)
-from ptc.lab.zoo.world import WorldSize
 from conftest import tree_digest
+from ptc.lab.zoo.audio_world import (
+    LENGTHS,
+    PITCHES,
+    SHIFTED_RATE,
+    TASKS,
+    TEMPOS,
+    Clip,
+    render,
+    write_task,
+    write_world,
+)
+from ptc.lab.zoo.world import WorldSize
 
 SMALL = WorldSize(pretrain=6, probes=4, train=2, test=1)
-
-
 
 
 def test_the_audio_world_is_a_function_of_its_seed(tmp_path):
@@ -31,7 +38,13 @@ def test_the_audio_world_is_a_function_of_its_seed(tmp_path):
 
 
 def _clip(**values):
-    base = {"pitch": "middle", "waveform": "sine", "tempo": "medium", "length": "long", "noise": "white"}
+    base = {
+        "pitch": "middle",
+        "waveform": "sine",
+        "tempo": "medium",
+        "length": "long",
+        "noise": "white",
+    }
     return Clip(**{**base, **values})
 
 
@@ -60,7 +73,9 @@ def test_tempo_is_the_pulse_rate_and_length_the_share_of_a_beat_a_note_sounds():
     rng = random.Random(2)
     for tempo, rate_hz in TEMPOS.items():
         for length, share in LENGTHS.items():
-            onsets, sounding = _onsets_and_share(render(_clip(tempo=tempo, length=length, noise="brown"), rng, False)[0])
+            onsets, sounding = _onsets_and_share(
+                render(_clip(tempo=tempo, length=length, noise="brown"), rng, False)[0]
+            )
             assert abs(onsets - rate_hz) <= 1.5, (tempo, length, onsets)
             assert sounding == pytest.approx(share, abs=0.1), (tempo, length, sounding)
 
@@ -68,11 +83,15 @@ def test_tempo_is_the_pulse_rate_and_length_the_share_of_a_beat_a_note_sounds():
 def test_noise_colours_differ_in_spectral_slope():
     tilt = {}
     for noise in ("white", "pink", "brown"):
-        samples, rate = render(_clip(noise=noise, waveform="sine", pitch="low"), random.Random(7), False)
+        samples, rate = render(
+            _clip(noise=noise, waveform="sine", pitch="low"), random.Random(7), False
+        )
         power = np.abs(np.fft.rfft(samples)) ** 2
         frequencies = np.fft.rfftfreq(len(samples), 1 / rate)
-        tilt[noise] = power[(frequencies > 3000) & (frequencies < 7000)].mean() / power[(frequencies > 20)
-                                                                                      & (frequencies < 100)].mean()
+        tilt[noise] = (
+            power[(frequencies > 3000) & (frequencies < 7000)].mean()
+            / power[(frequencies > 20) & (frequencies < 100)].mean()
+        )
     assert tilt["white"] > tilt["pink"] > tilt["brown"]
 
 
@@ -107,6 +126,8 @@ def test_the_audio_world_refuses_the_image_worlds_styles_and_shifts(tmp_path):
         write_world(tmp_path, dataclasses.replace(SMALL, pretrain_style="spread"))
     with pytest.raises(InputError, match="the audio world has no downstream shift 'per-task'"):
         write_task(tmp_path, "pitch", dataclasses.replace(SMALL, downstream_shift="per-task"))
-    with pytest.raises(InputError, match=r"the audio world draws no extra fine-tuning clips \(train_extra 5\)"):
+    with pytest.raises(
+        InputError, match=r"the audio world draws no extra fine-tuning clips \(train_extra 5\)"
+    ):
         write_task(tmp_path, "pitch", dataclasses.replace(SMALL, train_extra=5))
     assert not tmp_path.joinpath("pretrain").exists() and not tmp_path.joinpath("tasks").exists()

@@ -1,27 +1,40 @@
 """The zoo's generated world: deterministic, split-disciplined, and style-shifted downstream."""
 
+import dataclasses
 import json
 import random
 import shutil
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from conftest import tree_digest
 from ptc.compiler.tasks.grid import load_task
 from ptc.compiler.tasks.labelled import labelled_files
-import dataclasses
-
-import pytest
-
 from ptc.errors import InputError
-from ptc.lab.zoo.world import (CONTROL_TASKS, DIGITS, IN_DISTRIBUTION, PLAIN, SHIFTED, SPREAD_GREY, SPREAD_WASH, TASKS,
-                                TEST_DIGITS, Style, WorldSize, _digit_images, render, sample_scene, spread_style,
-                                task_style, write_task, write_world)
-from conftest import tree_digest
+from ptc.lab.zoo.world import (
+    CONTROL_TASKS,
+    DIGITS,
+    IN_DISTRIBUTION,
+    PLAIN,
+    SHIFTED,
+    SPREAD_GREY,
+    SPREAD_WASH,
+    TASKS,
+    TEST_DIGITS,
+    Style,
+    WorldSize,
+    _digit_images,
+    render,
+    sample_scene,
+    spread_style,
+    task_style,
+    write_task,
+    write_world,
+)
 
 SMALL = WorldSize(pretrain=24, probes=6, train=2, test=2)
-
-
 
 
 def test_the_world_is_a_pure_function_of_its_seed(tmp_path):
@@ -41,8 +54,13 @@ def test_task_files_load_with_every_class_labelled_and_a_control_task(tmp_path):
             pairs = labelled_files(path.parent / split, task.classes)
             assert sorted({label for _, label in pairs}) == list(range(len(task.classes)))
             assert len(pairs) == count * len(task.classes)
-    captions = [json.loads(line) for line in (tmp_path / "pretrain" / "captions.jsonl").read_text().splitlines()]
-    assert len(captions) == SMALL.pretrain and all((tmp_path / "pretrain" / c["image"]).is_file() for c in captions)
+    captions = [
+        json.loads(line)
+        for line in (tmp_path / "pretrain" / "captions.jsonl").read_text().splitlines()
+    ]
+    assert len(captions) == SMALL.pretrain and all(
+        (tmp_path / "pretrain" / c["image"]).is_file() for c in captions
+    )
 
 
 def test_held_out_digits_never_come_from_the_fitting_pool():
@@ -51,12 +69,18 @@ def test_held_out_digits_never_come_from_the_fitting_pool():
     rng = random.Random(0)
     for digit in DIGITS:
         scene = sample_scene(rng, test_pool, targets, fixed={"digit": digit})
-        assert scene.digit_index in test_pool and DIGITS[targets[scene.digit_index]] == digit == scene.digit
+        assert (
+            scene.digit_index in test_pool
+            and DIGITS[targets[scene.digit_index]] == digit == scene.digit
+        )
 
 
 def test_downstream_splits_are_drawn_in_a_style_pretraining_never_saw(tmp_path):
     write_world(tmp_path, SMALL)
-    brightness = lambda paths: np.mean([np.asarray(Image.open(p), dtype=float).mean() for p in paths])  # noqa: E731
+
+    def brightness(paths):
+        return np.mean([np.asarray(Image.open(p), dtype=float).mean() for p in paths])
+
     plain = brightness(sorted((tmp_path / "pretrain" / "images").glob("*.png")))
     shifted = brightness(sorted((tmp_path / "tasks" / "shape" / "probes").glob("*.png")))
     assert shifted > plain + 40  # the shifted backgrounds are brighter than any pretraining one
@@ -64,8 +88,11 @@ def test_downstream_splits_are_drawn_in_a_style_pretraining_never_saw(tmp_path):
 
 def test_task_splits_are_the_same_with_or_without_a_pretraining_corpus(tmp_path):
     write_world(tmp_path / "with", SMALL, seed=5)
-    write_world(tmp_path / "without", WorldSize(pretrain=0, probes=SMALL.probes, train=SMALL.train, test=SMALL.test),
-                seed=5)
+    write_world(
+        tmp_path / "without",
+        WorldSize(pretrain=0, probes=SMALL.probes, train=SMALL.train, test=SMALL.test),
+        seed=5,
+    )
     assert not (tmp_path / "without" / "pretrain").exists()
     assert tree_digest(tmp_path / "with" / "tasks") == tree_digest(tmp_path / "without" / "tasks")
 
@@ -76,8 +103,10 @@ def test_a_spread_corpus_holds_the_plain_corpus_scenes_and_captions_drawn_otherw
     plain, spread = tree_digest(tmp_path / "plain"), tree_digest(tmp_path / "spread")
     images = [name for name in plain if name.startswith("pretrain/images/")]
     assert len(images) == SMALL.pretrain
-    assert sum(plain[name] != spread[name] for name in images) == SMALL.pretrain  # every image redrawn
-    assert all(plain[name] == spread[name] for name in plain if name not in images)  # captions and tasks alike
+    # every image redrawn
+    assert sum(plain[name] != spread[name] for name in images) == SMALL.pretrain
+    # captions and tasks alike
+    assert all(plain[name] == spread[name] for name in plain if name not in images)
     with pytest.raises(InputError, match="unknown pretraining style 'noir'"):
         write_world(tmp_path / "noir", dataclasses.replace(SMALL, pretrain_style="noir"))
 
@@ -85,8 +114,13 @@ def test_a_spread_corpus_holds_the_plain_corpus_scenes_and_captions_drawn_otherw
 def test_the_spread_of_styles_stops_short_of_the_downstream_shift_on_every_axis():
     rng = random.Random(0)
     styles = [spread_style(rng) for _ in range(500)]
-    assert all(max(s.grey) < min(SHIFTED.grey) and s.wash < SHIFTED.wash and s.stroke < SHIFTED.stroke for s in styles)
-    washes = [s.wash for s in styles]  # and it is a spread: from plain's unwashed colours to well past them
+    assert all(
+        max(s.grey) < min(SHIFTED.grey) and s.wash < SHIFTED.wash and s.stroke < SHIFTED.stroke
+        for s in styles
+    )
+    washes = [
+        s.wash for s in styles
+    ]  # and it is a spread: from plain's unwashed colours to well past them
     assert min(washes) < 0.01 and max(washes) > 0.25 and min(styles[0].grey) < min(PLAIN.grey)
 
 
@@ -100,19 +134,32 @@ def test_the_committed_zoos_task_splits_come_out_of_its_seed_byte_for_byte(tmp_p
 
     committed = Path(__file__).resolve().parents[2] / "zoo"
     index = json.loads((committed / "zoo.json").read_text())
-    size = WorldSize(**{k: v for k, v in index["world"].items() if k in WorldSize.__dataclass_fields__})
+    size = WorldSize(
+        **{k: v for k, v in index["world"].items() if k in WorldSize.__dataclass_fields__}
+    )
     for task in ("shape", "count-plain"):
         write_task(tmp_path, task, size, index["seed"])
-        ours, theirs = tree_digest(tmp_path / "tasks" / task), tree_digest(committed / "world" / "tasks" / task)
+        ours, theirs = (
+            tree_digest(tmp_path / "tasks" / task),
+            tree_digest(committed / "world" / "tasks" / task),
+        )
         shared = set(ours) & set(theirs)
-        assert len(shared) == len(theirs) > size.probes  # every committed file: probes, test split, task file
+        # every committed file: probes, test split, task file
+        assert len(shared) == len(theirs) > size.probes
         assert all(ours[name] == theirs[name] for name in shared)
 
 
 def _outside_pretraining(style: Style) -> bool:
     """Not a style pretraining draws, plain or spread: off its range on some axis."""
-    return (style.noise > 0 or style.tint != (1, 1, 1) or style.cast != (1, 1, 1) or style.stroke > 1
-            or style.wash > SPREAD_WASH or min(style.grey) > max(SPREAD_GREY) or max(style.grey) < min(SPREAD_GREY))
+    return (
+        style.noise > 0
+        or style.tint != (1, 1, 1)
+        or style.cast != (1, 1, 1)
+        or style.stroke > 1
+        or style.wash > SPREAD_WASH
+        or min(style.grey) > max(SPREAD_GREY)
+        or max(style.grey) < min(SPREAD_GREY)
+    )
 
 
 def test_a_per_task_shift_draws_each_task_in_a_style_of_its_own(tmp_path):
@@ -124,15 +171,22 @@ def test_a_per_task_shift_draws_each_task_in_a_style_of_its_own(tmp_path):
         write_task(tmp_path / "per-task", plain, per_task, seed=1)
     a, b = tree_digest(tmp_path / "shared"), tree_digest(tmp_path / "per-task")
     assert a.keys() == b.keys()
-    unchanged = {name.split("/")[1] for name in a if name.startswith("tasks/") and a[name] == b[name]
-                 and name.endswith(".png")}
+    unchanged = {
+        name.split("/")[1]
+        for name in a
+        if name.startswith("tasks/") and a[name] == b[name] and name.endswith(".png")
+    }
     # Shape keeps the shared shift, the plain variants stay plain; every other task is redrawn,
     # each probe of it; the pretraining corpus and every task file are untouched.
     assert unchanged == {"shape", *IN_DISTRIBUTION}
     for task in set(TASKS) - {"shape"}:
         probes = [name for name in a if name.startswith(f"tasks/{task}/probes/")]
         assert probes and all(a[name] != b[name] for name in probes), task
-    assert all(a[name] == b[name] for name in a if not name.endswith(".png") or name.startswith("pretrain/"))
+    assert all(
+        a[name] == b[name]
+        for name in a
+        if not name.endswith(".png") or name.startswith("pretrain/")
+    )
     styles = {task: task_style(task, "per-task") for task in TASKS}
     assert len(set(styles.values())) == len(TASKS)  # no two tasks share a domain
     assert all(_outside_pretraining(style) for style in styles.values())
@@ -153,7 +207,10 @@ def test_a_false_colour_shift_redraws_colour_alone(tmp_path):
     assert changed == {"colour"}
     colour = [name for name in a if name.startswith("tasks/colour/") and name.endswith(".png")]
     assert all(a[name] != b[name] for name in colour)
-    assert task_style("colour", "false-colour").false_colour > 0 and task_style("shape", "false-colour") == SHIFTED
+    assert (
+        task_style("colour", "false-colour").false_colour > 0
+        and task_style("shape", "false-colour") == SHIFTED
+    )
 
 
 def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_scene_stream():
@@ -177,7 +234,8 @@ def test_a_cast_scales_every_pixel_and_noise_has_its_sigma_without_moving_the_sc
     # False colour: each channel takes a share of the next band's (R from B, G from R, B from G).
     mixed, after_mixed = drawn(dataclasses.replace(PLAIN, false_colour=0.32))
     assert after_mixed == after_plain
-    assert np.abs(mixed - (0.68 * plain + 0.32 * plain[..., [2, 0, 1]])).max() <= 1.0  # uint8 truncation
+    # uint8 truncation
+    assert np.abs(mixed - (0.68 * plain + 0.32 * plain[..., [2, 0, 1]])).max() <= 1.0
     assert np.abs(mixed - plain).max() > 30  # the scene's coloured shapes do move
     negative, _ = drawn(dataclasses.replace(PLAIN, negative=True))
     assert np.abs(negative - (255 - plain)).max() <= 1.0  # uint8 truncation
@@ -189,10 +247,16 @@ def test_extra_train_images_are_added_without_changing_any_other_file(tmp_path):
     base, more = tree_digest(tmp_path / "base"), tree_digest(tmp_path / "more")
     assert all(more.get(name) == digest for name, digest in base.items())  # every file as it was
     added = sorted(set(more) - set(base))
-    expected = sorted(f"tasks/{task}/train/{label}/{i:04d}.png" for task, (classes, _) in TASKS.items()
-                      for label in classes for i in range(SMALL.train, SMALL.train + 3))
+    expected = sorted(
+        f"tasks/{task}/train/{label}/{i:04d}.png"
+        for task, (classes, _) in TASKS.items()
+        for label in classes
+        for i in range(SMALL.train, SMALL.train + 3)
+    )
     assert added == expected
-    for task, path in {task: tmp_path / "more" / "tasks" / task / "task.yaml" for task in TASKS}.items():
+    for task, path in {
+        task: tmp_path / "more" / "tasks" / task / "task.yaml" for task in TASKS
+    }.items():
         pairs = labelled_files(path.parent / "train", load_task(path).classes)
         assert len(pairs) == (SMALL.train + 3) * len(TASKS[task][0])
     with pytest.raises(InputError, match="train_extra is -1"):
@@ -210,12 +274,18 @@ def test_extra_test_images_go_to_a_folder_of_their_own_and_change_no_other_file(
     base, more = tree_digest(tmp_path / "base"), tree_digest(tmp_path / "more")
     assert all(more.get(name) == digest for name, digest in base.items())
     added = sorted(set(more) - set(base))
-    assert added == sorted(f"tasks/{task}/test-extra/{label}/{i:04d}.png" for task, (classes, _) in TASKS.items()
-                           for label in classes for i in range(3))
+    assert added == sorted(
+        f"tasks/{task}/test-extra/{label}/{i:04d}.png"
+        for task, (classes, _) in TASKS.items()
+        for label in classes
+        for i in range(3)
+    )
     # Not the test split's images again: a stream of its own.
     colour = tmp_path / "more" / "tasks" / "colour"
     label = TASKS["colour"][0][0]
-    assert (colour / "test-extra" / label / "0000.png").read_bytes() != (colour / "test" / label / "0000.png").read_bytes()
+    assert (colour / "test-extra" / label / "0000.png").read_bytes() != (
+        colour / "test" / label / "0000.png"
+    ).read_bytes()
     shutil.rmtree(colour / "test-extra")
     assert ensure_task(tmp_path / "more", "image", bigger, 2, "colour")
     assert tree_digest(tmp_path / "more") == more
