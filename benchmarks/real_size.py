@@ -114,7 +114,7 @@ LOAD_TARGET = "import sys; from ptc import targets; targets.load(sys.argv[1])"
 IMPORT_LIBRARIES = (
     "import ptc.compiler.build.pipeline, ptc.compiler.cli.main, onnx, onnxruntime, transformers; "
     "from transformers import CLIPModel, CLIPTokenizer, CLIPImageProcessor; "
-    "from ptc.compiler.build.pipeline import _peak_rss_mb; print(_peak_rss_mb())"
+    "from ptc.compiler.build.report import peak_rss_mb; print(peak_rss_mb())"
 )
 
 

@@ -272,8 +272,9 @@ def _recipe(
 def _timed_build(recipe: Path, export: bool) -> tuple[float, dict]:
     """(seconds, this run's record: cache counts, timings, peak RSS, calls, and the route's report)"""
     from ptc import timers
-    from ptc.compiler.build.pipeline import execute, plan
+    from ptc.compiler.build.pipeline import execute
     from ptc.compiler.recipe.options import Options
+    from ptc.compiler.recipe.plan import plan
 
     options = Options(force=True, export=export, progress=False)
     timers.snapshot_and_reset()

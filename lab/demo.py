@@ -149,8 +149,9 @@ def run_demo(workdir: Path, steps: int = 60, echo=print) -> dict:
     build -> eval, exactly as a user would run the commands."""
     from ptc import targets
     from ptc.compiler.bank.store import Bank
-    from ptc.compiler.build.pipeline import execute, plan
+    from ptc.compiler.build.pipeline import execute
     from ptc.compiler.recipe.options import Options
+    from ptc.compiler.recipe.plan import plan
     from ptc.compiler.sources.descriptor import add_descriptor
     from ptc.compiler.sources.finetune import finetune_lora
     from ptc.compiler.tasks.grid import load_task

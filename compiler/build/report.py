@@ -4,8 +4,39 @@ summary `ptc build` prints. The build fills it; the CLI prints `summary_lines()`
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ptc import __version__
+from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
+from ptc.compiler.edit.routes import Edit, Run
+from ptc.compiler.recipe.lock import sha256_of
+from ptc.compiler.recipe.plan import Plan
+
+
+@dataclass
+class Exported:
+    """What the exports wrote and measured; all None and empty when nothing was exported."""
+
+    written: bool = False
+    onnx_max_abs_diff: float | None = None
+    onnx_provider: str | None = None
+    onnx_provider_requested: str | None = None
+    onnx_provider_fell_back: bool | None = None
+    reload_max_abs_diff: float | None = None
+    native_ref: str | None = None  # how the native checkpoint reloads ("hf:model")
+    fp16_min_cosine: float | None = None
+    triton_models: list[str] = field(default_factory=list)
+    onnx_files: list[str] = field(default_factory=list)
+    onnx_interface: dict[str, Any] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, Any]:
+        """The measured figures, as report.json's verify.equivalence holds them."""
+        names = ("onnx_max_abs_diff", "onnx_provider", "onnx_provider_requested")
+        names += ("onnx_provider_fell_back", "reload_max_abs_diff", "fp16_min_cosine")
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass
@@ -127,3 +158,97 @@ class BuildReport:
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.2e}"
+
+
+def build_report(
+    target: Target, edited: EditedModel, checked: CheckedEdit, exported: Exported
+) -> BuildReport:
+    """What was built and how it verified: report.json's content, the same for the same inputs."""
+    plan, edit, recipe = edited.plan, edited.edit, edited.plan.recipe
+    equivalence = {
+        "torch_max_abs_diff": edit.torch_max_abs_diff,
+        **exported.figures(),
+        "check_inputs": len(edited.check.paths),
+    }
+    verify = {
+        "linearity": edit.report["linearity"],
+        "equivalence": equivalence,
+        "descriptor_residual": checked.residuals,
+        "tolerances": recipe.verify.model_dump(),
+    }
+    return BuildReport(
+        ptc_version=__version__,
+        recipe=plan.recipe_path.name,
+        route=recipe.route,
+        target=target.lock_inputs["target"],
+        native_ref=exported.native_ref,
+        embed_dim=target.model.embed_dim,
+        terms=term_records(plan, edit, checked.residuals),
+        route_report={k: v for k, v in edit.report.items() if k != "linearity"},
+        verify=verify,
+        strength=edited.strength or {"mode": "fixed"},
+        certificate=checked.certified,
+        evaluation=checked.evaluation,
+        lock_hash=sha256_of(target.lock_inputs),
+        formats=list(recipe.export.formats) if exported.written else [],
+        precision=list(recipe.export.precision),
+        triton_models=exported.triton_models,
+        onnx_files=exported.onnx_files,
+        onnx_interface=exported.onnx_interface,
+        embeddings={name: emb.made_by for name, emb in edited.grids.items()},
+    )
+
+
+def term_records(plan: Plan, edit: Edit, residuals: dict[str, float]) -> list[dict[str, Any]]:
+    """Each term as the report and the lock record it: its sources, weights and hashes."""
+    return [
+        {
+            "task": pt.term.task,
+            "source": pt.term.label,
+            "weight": pt.weight,
+            "written_weight": pt.term.weight,
+            "kind": pt.term.kind,
+            "sources": list(pt.term.sources),
+            "combine": pt.term.combine if len(pt.term.sources) > 1 else None,
+            "weighting": pt.term.weighting,
+            "source_weights": pt.descriptor.meta.get("source_weights"),
+            "grid_hash": pt.task.grid_hash,
+            "descriptor_sha256": pt.descriptor.sha256,
+            "source_descriptor_sha256": [entry.sha256 for entry in pt.sources],
+            "operator_sha256": sha,
+            "grid_residual": residuals[pt.task.name],
+        }
+        for pt, sha in zip(plan.terms, edit.term_hashes)
+    ]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM is its own address space's: getrusage's
+    maxrss also keeps the parent's size at fork across exec, so a build started by a large
+    process (a benchmark, a test runner) would report that instead."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_record(run: Run, plan: Plan) -> dict[str, Any]:
+    """How this run went (run.json): what differs from one build of the same inputs to the next,
+    and where it found its target's relative reference (for `ptc certify`): the recipe's folder,
+    absolute and relative to the output (a tree moved whole still resolves)."""
+    record: dict[str, Any] = {
+        "cache": dict(run.counts),
+        "timings": dict(run.timings),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    if plan.out_dir is not None:
+        record["target_base_dir"] = {
+            "absolute": str(Path(plan.base_dir).resolve()),
+            "from_output": os.path.relpath(plan.base_dir, plan.out_dir),
+        }
+    return record

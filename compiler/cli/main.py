@@ -380,8 +380,8 @@ def descriptor_add(
 @handled
 def check(recipe: Path, bank, out, as_json) -> None:
     """Validate RECIPE and resolve every term against the bank, loading no weights."""
-    from ptc.compiler.build.pipeline import plan
     from ptc.compiler.recipe.options import Options
+    from ptc.compiler.recipe.plan import plan
 
     # check writes nothing: an existing output is fine
     p = plan(recipe, Options(bank=bank, out=out, export=False))
@@ -438,8 +438,9 @@ def build(
     recipe: Path, bank, out, force, batch_size, device, precision, export, locked, as_json
 ) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
-    from ptc.compiler.build.pipeline import execute, plan
+    from ptc.compiler.build.pipeline import execute
     from ptc.compiler.recipe.options import Options
+    from ptc.compiler.recipe.plan import plan
     from ptc.progress import verbose
 
     options = Options(
@@ -486,7 +487,6 @@ def build(
 def lock_command(recipe: Path, bank, lock_file) -> None:
     """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
     from ptc import targets
-    from ptc.compiler.build.pipeline import plan
     from ptc.compiler.recipe.lock import (
         lock_document,
         lock_inputs,
@@ -495,6 +495,7 @@ def lock_command(recipe: Path, bank, lock_file) -> None:
         write_recipe_lock,
     )
     from ptc.compiler.recipe.options import Options
+    from ptc.compiler.recipe.plan import plan
 
     p = plan(recipe, Options(bank=bank, export=False))
     path = lock_file or recipe_lock_path(p.recipe_path)

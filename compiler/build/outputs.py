@@ -1,0 +1,306 @@
+"""Writing a checked edit: every format exported and verified in a staging folder, the
+report, the model card, the terms file and the lock written last over every other file's
+bytes, then the folder renamed into place; and the recipe's lock brought up to date."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ptc import __version__, targets
+from ptc.compiler.build.report import BuildReport, Exported, build_report, run_record
+from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
+from ptc.compiler.edit.routes import Check, Edit, Run
+from ptc.compiler.embed import model_info
+from ptc.compiler.export.card import model_card
+from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
+from ptc.compiler.export.fp16 import fp16_variant
+from ptc.compiler.export.onnx_graph import interface
+from ptc.compiler.export.onnx_run import min_row_cosine, run_onnx
+from ptc.compiler.export.stamp import stamp_safetensors
+from ptc.compiler.export.tower_cache import write_tower
+from ptc.compiler.export.triton import write_triton_model
+from ptc.compiler.recipe.lock import (
+    LOCK_NAME,
+    RUN_RECORD,
+    describe,
+    differences,
+    lock_document,
+    output_files,
+    previous_lock,
+    recipe_lock_path,
+    sha256_of,
+    write_recipe_lock,
+)
+from ptc.compiler.recipe.options import Options
+from ptc.compiler.recipe.plan import Plan
+from ptc.compiler.verify.certify import TERMS_FILE, write_terms
+from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
+from ptc.errors import OutputError, VerifyError, library_errors
+from ptc.files import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
+from ptc.targets.base import Exportable, Family, OnnxTower, batch_rows
+
+# The reload is checked end to end on a few of the check inputs and prompts (weights, config,
+# tokenizer); its preprocessing on all of them. The edited model's own figures are the route's.
+RELOAD_CHECKS = 4
+
+
+@dataclass
+class TowerExport:
+    """One tower written, run and compared: its figures and the files it added."""
+
+    diff: float
+    provider: dict[str, Any]
+    cosines: list[float] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    interfaces: dict[str, Any] = field(default_factory=dict)
+    triton_models: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Written:
+    """A build written in place: its report and the lock it wrote."""
+
+    report: BuildReport
+    lock: dict[str, Any]
+
+
+def provenance_of(plan: Plan, lock_inputs: dict[str, Any]) -> dict[str, str]:
+    """What every written graph and checkpoint carries in its metadata."""
+    return {
+        "ptc_version": __version__,
+        "ptc_recipe_sha256": lock_inputs["recipe_sha256"],
+        "ptc_lock_hash": sha256_of(lock_inputs),
+        "ptc_base_model": plan.recipe.target,
+        "ptc_route": plan.recipe.route,
+    }
+
+
+def write_output(
+    target: Target, edited: EditedModel, checked: CheckedEdit, options: Options, run: Run
+) -> Written:
+    """Export, verify and write every file into a staging folder, renamed into place when all
+    passed. The lock is written last, over every other file's bytes."""
+    plan = edited.plan
+    try:
+        with staged_directory(plan.out_dir, replace=options.force) as staging:
+            provenance = provenance_of(plan, target.lock_inputs)
+            exported = export_and_verify(target, edited, staging, provenance, run)
+            report = build_report(target, edited, checked, exported)
+            _write_files(target, edited, checked, report, staging)
+            lock = lock_document(target.lock_inputs, lock_derived(edited, report), _hashes(staging))
+            write_json_atomic(staging / LOCK_NAME, lock)
+            report.run = run_record(run, plan)
+            write_json_atomic(staging / RUN_RECORD, report.run)
+    except FileExistsError:
+        raise OutputError(
+            f"output directory {plan.out_dir} appeared during the build",
+            "pass --force to replace it",
+        ) from None
+    return Written(report, lock)
+
+
+def _write_files(
+    target: Target, edited: EditedModel, checked: CheckedEdit, report: BuildReport, staging: Path
+) -> None:
+    plan, edit = edited.plan, edited.edit
+    write_bytes_atomic(staging / "recipe.yaml", plan.recipe_bytes)
+    if edit.term_edits is not None:
+        record = terms_file_record(plan, target.model, report.terms)
+        write_terms(
+            staging / TERMS_FILE,
+            edit.term_edits,
+            record["terms"],
+            record["tasks"],
+            record["target"],
+        )
+    write_json_atomic(staging / "report.json", report.to_json())
+    if report.evaluation:
+        write_bytes_atomic(staging / PLOT_NAME, evaluation_png(report.evaluation, report.terms))
+    card = model_card(target.model, plan.recipe.target, edit.card, report.terms, report.to_json())
+    write_bytes_atomic(staging / "README.md", card.encode("utf-8"))
+
+
+def _hashes(staging: Path) -> dict[str, str]:
+    return {p.relative_to(staging).as_posix(): file_sha256(p) for p in output_files(staging)}
+
+
+def lock_derived(edited: EditedModel, report: BuildReport) -> dict[str, Any]:
+    """The lock's `derived` section: what the build computed that decides the output's bytes."""
+    keys = ("task", "source", "weight", "operator_sha256")
+    return {
+        "route": edited.plan.recipe.route,
+        **edited.edit.lock,
+        "operators": [{k: t[k] for k in keys} for t in report.terms],
+        "embeddings": report.embeddings,
+    }
+
+
+def update_recipe_lock(plan: Plan, document: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's lock follows its last build: written, or updated with what changed said."""
+    path = recipe_lock_path(plan.recipe_path)
+    before = previous_lock(path)
+    if before is not None and before == document:
+        return {"path": str(path), "state": "unchanged", "changes": []}
+    changes = (
+        []
+        if before is None
+        else [
+            describe(d) for d in differences(before, document) if not d["path"].startswith("seal")
+        ]
+    )
+    write_recipe_lock(path, document)
+    state = "written" if before is None else "updated"
+    return {"path": str(path), "state": state, "changes": changes}
+
+
+def terms_file_record(plan: Plan, target: Family, terms: list[dict[str, Any]]) -> dict[str, Any]:
+    tasks = {
+        pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
+        for pt in plan.terms
+    }
+    # No path: the file's bytes must not depend on where the output is written. Where the target
+    # lies (its ref may be relative to the recipe) is the run's record (`run_record`).
+    where = {"ref": plan.recipe.target, "input_fingerprint": target.input_fingerprint()}
+    return {"terms": terms, "tasks": tasks, "target": where}
+
+
+def export_and_verify(
+    target: Target, edited: EditedModel, staging: Path, provenance: dict[str, str], run: Run
+) -> Exported:
+    plan, edit = edited.plan, edited.edit
+    exported = Exported(written=True)
+    if "safetensors" in plan.recipe.export.formats:
+        export_native(plan, edit, edited.check, staging, provenance, run, exported)
+    if "onnx" in plan.recipe.export.formats:
+        export_onnx_towers(plan, target, edit, edited.check, staging, provenance, run, exported)
+    return exported
+
+
+def export_native(
+    plan: Plan,
+    edit: Edit,
+    check: Check,
+    staging: Path,
+    provenance: dict[str, str],
+    run: Run,
+    exported: Exported,
+) -> None:
+    """The edited checkpoint in the family's own format, reloaded and compared."""
+    edited = edit.edited
+    with run.stage("export_native"):
+        scheme = edited.save_native(staging / "model")
+        stamp_safetensors(staging / "model", provenance)
+    with run.stage("verify_reload"):
+        reloaded = targets.load(f"{scheme}:{staging / 'model'}")
+        batch = reloaded.load_inputs(check.paths)
+        if any(not torch.equal(batch[name], check.batch[name]) for name in check.batch):
+            raise VerifyError(
+                "verification failed: the reloaded checkpoint preprocesses inputs differently",
+                "nothing was written; the family's save_native loses part of its processor",
+            )
+        few = batch_rows(batch, slice(0, RELOAD_CHECKS))
+        prompts = plan.terms[0].task.prompts[:RELOAD_CHECKS]
+        diff = max(
+            max_abs_difference(reloaded.embed_inputs(few), edit.check_outputs[:RELOAD_CHECKS]),
+            max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)),
+        )
+    atol = plan.recipe.verify.equivalence_atol
+    exported.reload_max_abs_diff = require("reload_max_abs_diff", diff, atol)
+    exported.native_ref = f"{scheme}:model"
+
+
+def export_onnx_towers(
+    plan: Plan,
+    target: Target,
+    edit: Edit,
+    check: Check,
+    staging: Path,
+    provenance: dict[str, str],
+    run: Run,
+    exported: Exported,
+) -> None:
+    """Every tower as ONNX (and fp16, and Triton, as the recipe asks), each run and compared."""
+    verify, model = plan.recipe.verify, target.model
+    assert isinstance(model, Exportable)
+    # the export cache is one per model, whatever the precision
+    weights_key = model_info(model).weights_key
+    towers: list[TowerExport] = []
+    for index, (base, tower) in enumerate(zip(model.onnx_towers(), edit.edited.onnx_towers())):
+        path = staging / "onnx" / f"{tower.name}.onnx"
+        hint = (
+            "nothing was written; the graph or its cached base in the bank is damaged: "
+            f"run `ptc bank verify --bank {plan.bank.root}`"
+        )
+        with library_errors(f"ONNX tower {tower.name}", hint, OutputError):
+            towers.append(
+                export_onnx_tower(
+                    plan, index, base, tower, edit, check, path, provenance, run, weights_key
+                )
+            )
+    diff = max(t.diff for t in towers)
+    exported.onnx_max_abs_diff = require("onnx_max_abs_diff", diff, verify.equivalence_atol)
+    provider = towers[-1].provider
+    exported.onnx_provider = provider["ran"]
+    exported.onnx_provider_requested = provider["requested"]
+    exported.onnx_provider_fell_back = provider["fell_back"]
+    for t in towers:
+        exported.onnx_files += t.files
+        exported.onnx_interface.update(t.interfaces)
+        exported.triton_models += t.triton_models
+    cosines = [c for t in towers for c in t.cosines]
+    if cosines:
+        exported.fp16_min_cosine = require_at_least(
+            "fp16_min_cosine", min(cosines), verify.fp16_min_cosine
+        )
+
+
+def export_onnx_tower(
+    plan: Plan,
+    index: int,
+    base: OnnxTower,
+    tower: OnnxTower,
+    edit: Edit,
+    check: Check,
+    path: Path,
+    provenance: dict[str, str],
+    run: Run,
+    weights_key: str,
+) -> TowerExport:
+    """One tower written, run and compared, with its fp16 variant and Triton models as asked."""
+    export = plan.recipe.export
+    with run.stage("export_onnx"):
+        fp32 = {**provenance, "ptc_precision": "fp32"}
+        how = write_tower(plan.bank, weights_key, base, tower, path, fp32)
+        run.counts[f"onnx_towers_{how}"] += 1
+    with run.stage("verify_onnx"):
+        if index == 0:  # the input tower, on the real check inputs the route already embedded
+            inputs, expected = check.batch, edit.check_outputs
+        else:
+            inputs = tower.example_inputs
+            with torch.inference_mode():
+                expected = tower.module(**inputs)
+        got, provider = run_onnx(path, inputs)
+        result = TowerExport(max_abs_difference(got, expected), provider)
+    variants = [(tower.name, path)]
+    result.files.append(f"onnx/{path.name}")
+    result.interfaces[f"onnx/{path.name}"] = interface(path)
+    if "fp16" in export.precision:
+        half = path.with_name(f"{tower.name}_fp16.onnx")
+        with run.stage("export_fp16"):
+            fp16_variant(path, half, provenance)
+        with run.stage("verify_fp16"):
+            result.cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
+        variants.append((f"{tower.name}_fp16", half))
+        result.files.append(f"onnx/{half.name}")
+        result.interfaces[f"onnx/{half.name}"] = interface(half)
+    if "triton" in export.formats:
+        with run.stage("export_triton"):
+            for name, onnx_path in variants:
+                repository = path.parent.parent / "triton"
+                write_triton_model(repository, name, onnx_path, export.triton.max_batch_size)
+                result.triton_models.append(name)
+    return result
