@@ -4,19 +4,25 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
-from ptc.compiler.bank.store import Bank, TaskRecord
+from ptc.compiler.bank.store import Bank, Entry, TaskRecord
 from ptc.compiler.method.descriptor import class_embeddings
 from ptc.compiler.tasks.grid import grid_hash
 from ptc.devices import CPU, autocast, device_label, precision_of
 from ptc.errors import BankError
 from ptc.finite import require_finite
 from ptc.progress import track
+from ptc.targets.base import Batch, DualEncoder
 from ptc.timers import timed
+
+RowsT = TypeVar("RowsT")
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class ModelInfo:
         )
 
 
-def model_info(model) -> ModelInfo:
+def model_info(model: DualEncoder) -> ModelInfo:
     return ModelInfo(
         model.ref,
         model.input_fingerprint(),
@@ -66,11 +72,11 @@ def model_info(model) -> ModelInfo:
     )
 
 
-def model_key(model) -> str:
+def model_key(model: DualEncoder) -> str:
     return model_info(model).key
 
 
-_VERIFIED: set[tuple] = set()
+_VERIFIED: set[tuple[object, ...]] = set()
 
 
 def check_grid_unchanged(task: TaskRecord) -> None:
@@ -92,7 +98,7 @@ def check_grid_unchanged(task: TaskRecord) -> None:
     _VERIFIED.add(stamp)
 
 
-def _stat(path) -> tuple[int, int]:
+def _stat(path: Path) -> tuple[int, int]:
     try:
         info = path.stat()
     except OSError:
@@ -100,7 +106,14 @@ def _stat(path) -> tuple[int, int]:
     return (info.st_size, info.st_mtime_ns)
 
 
-def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forward):
+def _embed_files(
+    model: DualEncoder,
+    paths: Sequence[Path],
+    batch_size: int,
+    desc: str,
+    progress: bool,
+    forward: Callable[[Batch], RowsT],
+) -> list[RowsT]:
     chunks = [paths[i : i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
     batches = _decoded(model, chunks)
@@ -110,7 +123,7 @@ def _embed_files(model, paths, batch_size: int, desc: str, progress: bool, forwa
     return rows
 
 
-def _decoded(model, chunks):
+def _decoded(model: DualEncoder, chunks: list[Sequence[Path]]) -> Iterator[Batch]:
     """Each chunk's batch. On a GPU the next one is decoded on a worker thread while the GPU
     runs this one (decoding and resizing release the GIL). On a CPU the forward pass already
     keeps every core busy, and a third thread slowed it more than decoding costs (measured at
@@ -129,25 +142,30 @@ def _decoded(model, chunks):
             yield batch
 
 
-def _decode(model, chunk):
+def _decode(model: DualEncoder, chunk: Sequence[Path]) -> Batch:
     with timed("decode_inputs"):
         return model.load_inputs(list(chunk))
 
 
 def embed_probe_files(
-    model, paths, batch_size: int, desc: str, progress: bool = True
+    model: DualEncoder, paths: Sequence[Path], batch_size: int, desc: str, progress: bool = True
 ) -> torch.Tensor:
     return torch.cat(_embed_files(model, paths, batch_size, desc, progress, model.embed_inputs))
 
 
-def embed_probe_files_for_edit(model, paths, batch_size: int, desc: str, progress: bool = True):
+def embed_probe_files_for_edit(
+    model: DualEncoder, paths: Sequence[Path], batch_size: int, desc: str, progress: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(z, R or None) of probe files: the embeddings and the rows an edit acts through."""
     pairs = _embed_files(model, paths, batch_size, desc, progress, model.embed_for_edit)
     inputs = torch.cat([z for z, _ in pairs])
-    return inputs, None if pairs[0][1] is None else torch.cat([r for _, r in pairs])
+    regressors = [r for _, r in pairs if r is not None]
+    return inputs, torch.cat(regressors) if len(regressors) == len(pairs) else None
 
 
-def grid_forward(model, task: TaskRecord, batch_size: int = 64, progress: bool = True):
+def grid_forward(
+    model: DualEncoder, task: TaskRecord, batch_size: int = 64, progress: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The forward passes of one (model, grid) pair: raw input and prompt embeddings and,
     where the family's edit acts through other rows than z, those regressor rows."""
     check_grid_unchanged(task)
@@ -166,7 +184,7 @@ def embedding_record(
     prompts: torch.Tensor,
     regressors: torch.Tensor | None = None,
     device: torch.device = CPU,
-):
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, meta) of a bank embeddings entry; one definition for every executor."""
     tensors = {"inputs": inputs, "prompts": prompts}
     if regressors is not None:
@@ -196,7 +214,7 @@ def embedding_record(
     )
 
 
-def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
+def grid_embeddings(entry: Entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
     inputs, prompts = entry.tensors["inputs"], entry.tensors["prompts"]
     regressors = entry.tensors.get("regressors")
     if (
@@ -218,7 +236,7 @@ def grid_embeddings(entry, task: TaskRecord, computed: bool) -> GridEmbeddings:
 
 
 def embed_grid(
-    model, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True
+    model: DualEncoder, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True
 ) -> GridEmbeddings:
     info = model_info(model)
     entry, computed = bank.get_or_compute(

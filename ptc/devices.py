@@ -11,8 +11,10 @@ reference that every shipped figure is compared against, and ONNX is exported fr
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -20,6 +22,18 @@ from ptc.errors import InputError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
+
+
+class Placed(Protocol):
+    """What runs on a device: a model that says where it is and moves (a family's encoder)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def to_device(self, device: torch.device) -> None: ...
+
+
+PlacedT = TypeVar("PlacedT", bound=Placed)
 
 _PRECISION: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
@@ -57,7 +71,7 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def place(model, device: torch.device, precision: str = "fp32"):
+def place(model: PlacedT, device: torch.device, precision: str = "fp32") -> PlacedT:
     """`model` moved to `device`, its embedding passes to run in `precision`; returns it."""
     check_precision(precision)
     if device.type == "cuda":
@@ -80,16 +94,16 @@ class Compute:
     def resolved(self) -> torch.device:
         return resolve_device(self.device)
 
-    def place(self, model):
+    def place(self, model: PlacedT) -> PlacedT:
         return place(model, self.resolved(), self.precision)
 
 
-def precision_of(model) -> str:
+def precision_of(model: Placed) -> str:
     """The precision `place` gave this model's embedding passes (fp32 unless placed otherwise)."""
     return _PRECISION.get(model, "fp32")
 
 
-def autocast(model):
+def autocast(model: Placed) -> AbstractContextManager[Any]:
     """The context its embedding passes run in: autocast to its precision, or nothing for fp32."""
     precision = precision_of(model)
     if precision == "fp32":
@@ -104,7 +118,7 @@ def device_label(device: torch.device) -> str:
 
 
 @contextmanager
-def on_device(models: list, device: torch.device):
+def on_device(models: Sequence[Placed], device: torch.device) -> Iterator[None]:
     """Run a block with `models` on `device`, then move them back to the CPU (where the
     verification and export that follow run)."""
     for model in models:

@@ -4,6 +4,7 @@ Bad input of any kind (recipe, task file, bank entry, model reference) exits 2 a
 nothing; a build whose numerical verification fails exits 3 with the measured figure.
 """
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 
@@ -125,7 +126,9 @@ def condensed(exc: BaseException) -> str:
 
 
 @contextmanager
-def library_errors(what: str, hint: str | None = None, error: type[PtcError] | None = None):
+def library_errors(
+    what: str, hint: str | None = None, error: type[PtcError] | None = None
+) -> Iterator[None]:
     """Any exception a library raises inside the block becomes `error` (ModelError by default)
     with one line: `what`, the library and its message's first line; the original stays
     chained to it for --debug. ptc's own errors pass through unchanged."""

@@ -12,7 +12,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -100,7 +100,7 @@ def safetensors_header(handle: BinaryIO, size: int) -> dict:
     return json.loads(handle.read(length))
 
 
-def write_json_atomic(path: Path, obj, scratch: Path | None = None) -> None:
+def write_json_atomic(path: Path, obj: Any, scratch: Path | None = None) -> None:
     write_bytes_atomic(
         path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), scratch
     )
@@ -131,7 +131,7 @@ def remove_stale_staging(folder: Path, name: str) -> list[Path]:
     loss). Only folders that are provably ptc's go: a staging folder carrying ptc's staging
     marker (or still empty), an old output swapped aside that ptc's output marker covers whole.
     A folder of someone else's that merely matches the name pattern is left alone."""
-    stale = []
+    stale: list[Path] = []
     for candidate in sorted(folder.glob(f".{name}.*.partial")) + sorted(
         folder.glob(f".{name}.*.old")
     ):
@@ -152,7 +152,7 @@ def remove_stale_staging(folder: Path, name: str) -> list[Path]:
 def remove_stale_temporaries(scratch: Path) -> list[Path]:
     """Half-written `.NAME.PID.RANDOM.tmp` files whose writer died, in `scratch` only: a folder
     that ptc alone writes temporaries into (the bank's .tmp/), never a user's folder."""
-    stale = []
+    stale: list[Path] = []
     if not scratch.is_dir():
         return stale
     for candidate in scratch.glob(".*.tmp"):
@@ -358,7 +358,7 @@ def check_output_location(out: Path, protected: dict[str, Path]) -> None:
             )
 
 
-def read_json_file(path: Path, what: str):
+def read_json_file(path: Path, what: str) -> Any:
     """A JSON file ptc wrote (a report, a lock), or OutputError naming it: a corrupt one is bad
     input, not a crash."""
     from ptc.errors import OutputError

@@ -21,6 +21,6 @@ def tensors_sha256(named: dict[str, torch.Tensor], prefix: str = "") -> str:
         for name in sorted(named):
             tensor = named[name].detach().contiguous().cpu()
             digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-            # the buffer itself, not a copy
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+            # the buffer itself, not a copy (numpy's stubs do not declare the buffer protocol)
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
         return digest.hexdigest()

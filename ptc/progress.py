@@ -60,7 +60,7 @@ class Progress:
         elif self.mode == "lines" and time.monotonic() - self.last_line >= LINE_SECONDS:
             self._line("")
 
-    def set_postfix(self, **figures) -> None:
+    def set_postfix(self, **figures: object) -> None:
         self.figures = ", ".join(f"{name} {value}" for name, value in figures.items())
         if self.bar is not None:
             self.bar.set_postfix(figures)
@@ -90,7 +90,7 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.close()
         elif self.bar is not None:  # an interrupted step says nothing more than the error will

@@ -10,12 +10,15 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import pydantic
 import yaml
+from pydantic_core import ErrorDetails
 
 from ptc.errors import InputError
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
 FieldPath = tuple[str | int, ...]
 # recipes, task files and plans are hand-written: 4 MiB is far past any real one
@@ -40,7 +43,9 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+def _construct_mapping(
+    loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -110,7 +115,7 @@ def load_yaml(path: Path, error: type[InputError]) -> tuple[Any, Callable[[Field
     return data, lambda field_path: _line_of(root, field_path)
 
 
-def _describe_error(err: dict, model: type[pydantic.BaseModel]) -> str:
+def _describe_error(err: ErrorDetails, model: type[pydantic.BaseModel]) -> str:
     kind, loc = err["type"], err["loc"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
@@ -155,8 +160,12 @@ def _allowed_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
 
 
 def validate(
-    model: type[pydantic.BaseModel], data: Any, path: Path, locate, error: type[InputError]
-):
+    model: type[ModelT],
+    data: Any,
+    path: Path,
+    locate: Callable[[tuple[Any, ...]], int | None],
+    error: type[InputError],
+) -> ModelT:
     """Validate `data` against `model`; raise `error` with file:line, field and expectation."""
     if not isinstance(data, dict):
         raise error(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 SECONDS: defaultdict[str, float] = defaultdict(float)
@@ -13,7 +14,7 @@ CALLS: defaultdict[str, int] = defaultdict(int)
 
 
 @contextmanager
-def timed(name: str):
+def timed(name: str) -> Iterator[None]:
     start = time.perf_counter()
     try:
         yield

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import torch
+from typing_extensions import Self
 
 from ptc.hashing import tensors_sha256
+
+if TYPE_CHECKING:  # PIL loads with the first image
+    from PIL import Image
 
 # A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
 # its keys are the input tower's ONNX input names, so a batch feeds the exported graph as it is.
 Batch = dict[str, torch.Tensor]
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
-def batch_rows(batch: Batch, index) -> Batch:
+def batch_rows(batch: Batch, index: slice | torch.Tensor) -> Batch:
     return {name: tensor[index] for name, tensor in batch.items()}
 
 
-def batch_to(batch: Batch, device) -> Batch:
+def batch_to(batch: Batch, device: torch.device | str) -> Batch:
     return {name: tensor.to(device) for name, tensor in batch.items()}
 
 
@@ -38,7 +43,9 @@ class OnDevice:
     """`device` and `to_device` of a family that holds its torch module as `self.model`, and
     `here`: a batch moved to where the module is."""
 
-    model: torch.nn.Module
+    # The library's model object (a transformers or open_clip module): its attributes are the
+    # library's own tree, so the checker takes them as it finds them.
+    model: Any
 
     @property
     def device(self) -> torch.device:
@@ -93,10 +100,10 @@ class DualEncoder(Protocol):
     def text_fingerprint(self) -> str:
         """Hash of everything that maps a prompt to its embedding (weights, tokenizer)."""
 
-    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> DualEncoder:
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> Self:
         """A copy with a peft adapter merged into its weights (at `scale` times its strength)."""
 
-    def with_edit(self, edit: torch.Tensor) -> DualEncoder:
+    def with_edit(self, edit: torch.Tensor) -> Self:
         """A copy that embeds z + R E^T for every input, the edit folded into its weights."""
 
     @property
@@ -112,9 +119,8 @@ class Exportable(Protocol):
     """Writing a model out: its towers as ONNX, its checkpoint natively, its model card's facts."""
 
     library: str  # the library whose format save_native writes, e.g. "transformers"
-    pipeline_tag: (
-        str  # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
-    )
+    # Hugging Face task tag for model cards, e.g. "zero-shot-image-classification"
+    pipeline_tag: str
     edit_site: str  # where the edit lives, for the model card, e.g. "`visual_projection`"
     # the Hugging Face Hub id it was loaded from (via the local cache), else None
     hub_id: str | None
@@ -137,9 +143,8 @@ class Trainable(Protocol):
     copy of the torch module; the family says which of its input tower's parameters a LoRA
     adapts (the attention q and v projections where it has them) and how to run a copy."""
 
-    lora_targets: (
-        dict  # peft LoraConfig targeting keywords: target_modules and/or target_parameters
-    )
+    # peft LoraConfig targeting keywords: target_modules and/or target_parameters
+    lora_targets: dict
     contrastive_loss: str  # how the family was pre-trained: "softmax" (CLIP) or "sigmoid" (SigLIP)
 
     def trainable(self) -> torch.nn.Module:
@@ -151,7 +156,7 @@ class Trainable(Protocol):
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         """Unnormalised text embeddings through `module` (a trained copy), autograd on."""
 
-    def with_module(self, module: torch.nn.Module) -> Trainable:
+    def with_module(self, module: torch.nn.Module) -> Self:
         """This encoder with its torch module replaced by `module` (a trained copy)."""
 
 
@@ -164,7 +169,9 @@ def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:
     return tensors_sha256(named, prefix=extra)
 
 
-def fold_into_linear(weight: torch.Tensor, bias: torch.Tensor | None, operator: torch.Tensor):
+def fold_into_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, operator: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """z = W h + b becomes (I + A) z for every h: W' = (I + A) W, b' = (I + A) b (float64)."""
     edit = torch.eye(operator.shape[0], dtype=torch.float64) + operator.double()
     if weight.shape[0] != edit.shape[0]:
@@ -184,7 +191,7 @@ def fold_into_linear_layer(layer: torch.nn.Linear, operator: torch.Tensor) -> No
         layer.bias.data.copy_(bias)
 
 
-def copy_sharing(model: torch.nn.Module, edited: list[torch.Tensor]) -> torch.nn.Module:
+def copy_sharing(model: ModuleT, edited: list[torch.Tensor]) -> ModuleT:
     """A copy of `model` that shares every parameter and buffer with it except the `edited`
     ones, which are its own to write an edit into. An edit changes one or two tensors of a
     model of hundreds of MB: a deep copy would hold the whole model twice (the peak memory of
@@ -214,7 +221,7 @@ def merge_adapter(
     return wrapped.merge_and_unload()
 
 
-def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
+def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str) -> Any:
     """PeftModel.from_pretrained on a copy, held to its adapter_config.json as a checkpoint is
     to its config: peft warns of adapter weights it could not place and leaves those layers at
     their initial (zero) update, so the file's tensors are compared with what the config builds
@@ -261,7 +268,7 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str):
     return wrapped
 
 
-def open_image(path: Path):
+def open_image(path: Path) -> Image.Image:
     """One image file as an RGB PIL image; an unreadable file or a decompression bomb (a header
     claiming more pixels than PIL's limit, which it only warns about below twice the limit) is
     one clear InputError."""
@@ -288,6 +295,6 @@ def open_image(path: Path):
         ) from None
 
 
-def open_images(paths: list[Path]):
+def open_images(paths: list[Path]) -> list[Image.Image]:
     """Read image files as RGB PIL images; an unreadable file is one clear error."""
     return [open_image(path) for path in paths]

@@ -8,14 +8,17 @@ import copy
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from ptc.errors import ModelError, ModelNotFound, library_errors
 from ptc.targets import HF_MODEL_TYPES, register_scheme
-from ptc.targets.base import OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
+from ptc.targets.base import Batch, Family, OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
 from ptc.targets.checkpoint import (
     declared_shapes,
     describe_mismatch,
@@ -82,7 +85,7 @@ def resolve_dir(rest: str, base_dir: Path) -> Path:
     return folder
 
 
-def _family_for(folder: Path, rest: str):
+def _family_for(folder: Path, rest: str) -> Callable[..., Family]:
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as exc:
@@ -95,7 +98,7 @@ def _family_for(folder: Path, rest: str):
     return HF_MODEL_TYPES[model_type]
 
 
-def load(rest: str, base_dir: Path):
+def load(rest: str, base_dir: Path) -> Family:
     folder = resolve_dir(rest, base_dir)
     encoder = _family_for(folder, rest)(folder, ref=f"hf:{rest}")
     # Not a local folder, so resolve_dir found it in the Hub cache: the name is a Hub id.
@@ -127,14 +130,14 @@ class HFDualEncoder(OnDevice):
     hub_id: str | None = None
     contrastive_loss = "softmax"
 
-    def __init__(self, model, tokenizer, processor, ref: str):
+    def __init__(self, model: Any, tokenizer: Any, processor: Any, ref: str):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.processor = processor
         self.ref = ref
 
     @classmethod
-    def load(cls, folder: Path, ref: str):
+    def load(cls, folder: Path, ref: str) -> Self:
         import transformers
         from transformers import AutoTokenizer
         from transformers.utils import logging
@@ -156,7 +159,7 @@ class HFDualEncoder(OnDevice):
         return cls(model, tokenizer, processor, ref)
 
     @staticmethod
-    def _load_checked(model_class, folder: Path, ref: str):
+    def _load_checked(model_class: Any, folder: Path, ref: str) -> Any:
         """from_pretrained, held to its config: sized on the meta device before anything is
         allocated, then every weight transformers reports missing, unexpected or resized (its
         own rules: tied weights, renamed legacy keys) refused, and every weight finite."""
@@ -194,7 +197,7 @@ class HFDualEncoder(OnDevice):
         return model
 
     @staticmethod
-    def load_processor(folder: Path):
+    def load_processor(folder: Path) -> Any:
         from transformers import AutoImageProcessor
 
         return AutoImageProcessor.from_pretrained(
@@ -206,19 +209,25 @@ class HFDualEncoder(OnDevice):
     # longest in the batch; the text ONNX graph's sequence axis is dynamic only in the latter.
     pad_to_max_length = False
 
-    def embed_for_edit(self, batch):
+    max_length: int  # the text context, in tokens
+
+    def embed_inputs(self, batch: Batch) -> torch.Tensor:
+        """Unnormalised input embeddings: each family's own."""
+        raise NotImplementedError
+
+    def embed_for_edit(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.embed_inputs(batch), None  # an (I + A) fold: the edit acts on z itself
 
     @staticmethod
     def text_embedding(
-        model, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
         """Unnormalised text embeddings through `model` (transformers 5: `.pooler_output`)."""
         return model.get_text_features(
             input_ids=input_ids, attention_mask=attention_mask
         ).pooler_output
 
-    def _tokenize(self, prompts: list[str]):
+    def _tokenize(self, prompts: list[str]) -> Any:
         return self.tokenizer(
             prompts,
             padding="max_length" if self.pad_to_max_length else True,
@@ -280,13 +289,13 @@ class HFDualEncoder(OnDevice):
         return self._text_fp
 
     # -- edits and saving ---------------------------------------------------------------------
-    def _copy(self, model, ref_suffix: str):
+    def _copy(self, model: Any, ref_suffix: str) -> Self:
         return type(self)(model, self.tokenizer, self.processor, self.ref + ref_suffix)
 
-    def with_module(self, module: torch.nn.Module):
+    def with_module(self, module: torch.nn.Module) -> Self:
         return self._copy(module.eval(), "+trained")
 
-    def with_adapter(self, adapter_dir: Path, scale: float = 1.0):
+    def with_adapter(self, adapter_dir: Path, scale: float = 1.0) -> Self:
         merged = merge_adapter(self.model, adapter_dir, self.ref, scale)
         return self._copy(
             merged, f"+adapter:{adapter_dir}" + (f"*{scale:g}" if scale != 1.0 else "")
@@ -311,15 +320,17 @@ class HFDualEncoder(OnDevice):
 
 
 class _TextTower(torch.nn.Module):
-    def __init__(self, model, text_embedding):
+    def __init__(
+        self, model: Any, text_embedding: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+    ):
         super().__init__()
         self.model, self.text_embedding = model, text_embedding
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.text_embedding(self.model, input_ids, attention_mask)
 
 
-def save_tokenizer(tokenizer, folder: Path) -> None:
+def save_tokenizer(tokenizer: Any, folder: Path) -> None:
     """save_pretrained, without the last call's truncation and padding, which a fast tokenizer
     keeps in its backend and writes into tokenizer.json: call state, not the tokenizer, and it
     made two builds of the same inputs differ (a cold build tokenizes prompts, a warm one not)."""
@@ -330,7 +341,7 @@ def save_tokenizer(tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def tokenizer_identity(tokenizer) -> str:
+def tokenizer_identity(tokenizer: Any) -> str:
     """What maps a prompt to token ids: the serialised fast tokenizer, or the bytes of a
     sentencepiece model. The fast tokenizer also records the last call's truncation and
     padding settings; those are call state, not identity, so they stay out."""

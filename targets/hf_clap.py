@@ -9,6 +9,7 @@ that normalisation (as CLIP's do), so the edit acts on z exactly and zero-shot n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,16 +21,16 @@ from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_la
 from ptc.targets.hf import HFDualEncoder
 
 
-def _audio_embedding(model, batch: Batch) -> torch.Tensor:
+def _audio_embedding(model: Any, batch: Batch) -> torch.Tensor:
     return model.audio_projection(model.audio_model(**batch).pooler_output)
 
 
 class _AudioTower(torch.nn.Module):
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_features):
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
         return _audio_embedding(self.model, {"input_features": input_features})
 
 
@@ -45,7 +46,7 @@ class HFClap(HFDualEncoder):
     lora_targets = {"target_modules": r".*audio_model\..*\.attention\.self\.(query|value)"}
     edit_site = "the audio projection's last layer (`audio_projection.linear2`) as W' = (I + A) W, b' = (I + A) b"
 
-    def __init__(self, model, tokenizer, processor, ref: str):
+    def __init__(self, model: Any, tokenizer: Any, processor: Any, ref: str) -> None:
         super().__init__(model, tokenizer, processor, ref)
         self.embed_dim = self.edit_width = model.audio_projection.linear2.out_features
         self.fused = bool(model.config.audio_config.enable_fusion)
@@ -54,14 +55,16 @@ class HFClap(HFDualEncoder):
         )
 
     @staticmethod
-    def text_embedding(model, input_ids, attention_mask) -> torch.Tensor:
+    def text_embedding(
+        model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
         # get_text_features L2-normalises; the projection before it is what CLIP's towers return.
         return model.text_projection(
             model.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
         )
 
     @staticmethod
-    def load_processor(folder: Path):
+    def load_processor(folder: Path) -> Any:
         from transformers import AutoFeatureExtractor
 
         return AutoFeatureExtractor.from_pretrained(
@@ -83,7 +86,7 @@ class HFClap(HFDualEncoder):
         return _audio_embedding(self.model, self.here(batch)).float().cpu()
 
     # -- edits --------------------------------------------------------------------------------
-    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def embed_with(self, module: Any, batch: Batch) -> torch.Tensor:
         return _audio_embedding(module, batch)
 
     def with_edit(self, operator: torch.Tensor) -> HFClap:

@@ -7,6 +7,7 @@ The image embedding is `visual_projection(pooled vision output)`, a bias-free Li
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,17 +16,17 @@ from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_la
 from ptc.targets.hf import HFDualEncoder
 
 
-def _pooled(output) -> torch.Tensor:
+def _pooled(output: Any) -> torch.Tensor:
     # transformers 5 returns an output object whose pooler_output is the projected embedding.
     return output.pooler_output if hasattr(output, "pooler_output") else output
 
 
 class _ImageTower(torch.nn.Module):
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return _pooled(self.model.get_image_features(pixel_values=pixel_values))
 
 
@@ -40,7 +41,7 @@ class HFClip(HFDualEncoder):
     lora_targets = {"target_modules": r".*vision_model\..*\.(q_proj|v_proj)"}
     edit_site = "the image projection (`visual_projection`) as W' = (I + A) W"
 
-    def __init__(self, model, tokenizer, processor, ref: str):
+    def __init__(self, model: Any, tokenizer: Any, processor: Any, ref: str) -> None:
         super().__init__(model, tokenizer, processor, ref)
         self.embed_dim = self.edit_width = model.visual_projection.out_features
         self.max_length = model.config.text_config.max_position_embeddings
@@ -58,7 +59,7 @@ class HFClip(HFDualEncoder):
         return _pooled(self.model.get_image_features(**self.here(batch))).float().cpu()
 
     # -- edits --------------------------------------------------------------------------------
-    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def embed_with(self, module: Any, batch: Batch) -> torch.Tensor:
         return _pooled(module.get_image_features(pixel_values=batch["pixel_values"]))
 
     def with_edit(self, operator: torch.Tensor) -> HFClip:

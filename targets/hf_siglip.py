@@ -13,8 +13,10 @@ solved by the same two-filter formula (see compiler/method/ridge.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from ptc.targets import register_hf_family
 from ptc.targets.base import Batch, OnnxTower, copy_sharing, open_images
@@ -22,22 +24,27 @@ from ptc.targets.hf import HFDualEncoder
 
 
 class _ImageTower(torch.nn.Module):
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, **batch):
+    def features(self, **batch: torch.Tensor) -> torch.Tensor:
         return self.model.get_image_features(**batch).pooler_output
 
 
 class _ImageTowerSiglip(_ImageTower):
-    def forward(self, pixel_values):
-        return super().forward(pixel_values=pixel_values)
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.features(pixel_values=pixel_values)
 
 
 class _ImageTowerSiglip2(_ImageTower):
-    def forward(self, pixel_values, pixel_attention_mask, spatial_shapes):
-        return super().forward(
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        pixel_attention_mask: torch.Tensor,
+        spatial_shapes: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.features(
             pixel_values=pixel_values,
             pixel_attention_mask=pixel_attention_mask,
             spatial_shapes=spatial_shapes,
@@ -57,12 +64,12 @@ class HFSiglip(HFDualEncoder):
         "the pooling head's MLP output layer (`vision_model.head.mlp.fc2`) as W2' = W2 + dW2, "
         "b2' = b2 + db2"
     )
-    image_tower = _ImageTowerSiglip
+    image_tower: type[_ImageTower] = _ImageTowerSiglip
     # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
     pad_to_max_length = True
     contrastive_loss = "sigmoid"
 
-    def __init__(self, model, tokenizer, processor, ref: str):
+    def __init__(self, model: Any, tokenizer: Any, processor: Any, ref: str) -> None:
         super().__init__(model, tokenizer, processor, ref)
         head = model.vision_model.head.mlp.fc2
         self.embed_dim = head.out_features
@@ -95,10 +102,10 @@ class HFSiglip(HFDualEncoder):
         return z, torch.cat([u, torch.ones(len(u), 1)], dim=1)
 
     # -- edits --------------------------------------------------------------------------------
-    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def embed_with(self, module: Any, batch: Batch) -> torch.Tensor:
         return module.get_image_features(**batch).pooler_output
 
-    def with_edit(self, edit: torch.Tensor) -> HFSiglip:
+    def with_edit(self, edit: torch.Tensor) -> Self:
         if tuple(edit.shape) != (self.embed_dim, self.edit_width):
             raise ValueError(
                 f"head edit is {tuple(edit.shape)}, the head takes {(self.embed_dim, self.edit_width)}"

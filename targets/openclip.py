@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,26 +43,26 @@ from ptc.targets.shipped_code import refuse_foreign_towers, refuse_pickle_file, 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
 # Plugins that add timm towers (timm's registry is global and names fix sizes) register a
 # function here; each runs once, before the first open_clip model is built.
-TOWER_HOOKS: list = []
+TOWER_HOOKS: list[Callable[[], None]] = []
 # Where each tower kind writes its embedding, tried in order (a table, not branches).
 PROJECTIONS = ("visual.proj", "visual.attnpool.c_proj", "visual.head.proj", "visual.trunk.head")
 
 
 class _ImageTower(torch.nn.Module):
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, pixel_values):
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model.encode_image(pixel_values)
 
 
 class _TextTower(torch.nn.Module):
-    def __init__(self, model):
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.encode_text(input_ids)
 
 
@@ -117,14 +119,17 @@ class OpenClip(OnDevice):
     hub_id: str | None = None  # local checkpoints only: ptc reads no hf-hub: reference
     contrastive_loss = "softmax"
 
-    def __init__(self, model, config: dict, preprocess, tokenizer, ref: str):
+    def __init__(
+        self, model: Any, config: dict[str, Any], preprocess: Any, tokenizer: Any, ref: str
+    ) -> None:
         self.model, self.config, self.ref = model.eval(), config, ref
         self.preprocess, self.tokenizer = preprocess, tokenizer
-        self.projection_path = next((p for p in PROJECTIONS if _get(model, p) is not None), None)
-        if self.projection_path is None:
+        found = next((p for p in PROJECTIONS if _get(model, p) is not None), None)
+        if found is None:
             raise ModelError(
                 f"{ref}: no image projection found (looked for {', '.join(PROJECTIONS)})"
             )
+        self.projection_path: str = found
         self.embed_dim = self.edit_width = int(config["model_cfg"]["embed_dim"])
         self.edit_site = f"the image projection (`{self.projection_path}`) as W' = (I + A) W"
         self.lora_targets = _lora_targets(model)
@@ -141,7 +146,7 @@ class OpenClip(OnDevice):
         tokenizer = _tokenizer(rest, weights.parent, model_cfg)
         _run_tower_hooks()
 
-        def build() -> torch.nn.Module:
+        def build() -> Any:
             if "custom_text" in model_cfg:
                 return open_clip.CustomTextCLIP(**model_cfg)
             return open_clip.CLIP(**model_cfg)
@@ -233,10 +238,10 @@ class OpenClip(OnDevice):
             module.eval(), self.config, self.preprocess, self.tokenizer, self.ref + "+trained"
         )
 
-    def embed_with(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    def embed_with(self, module: Any, batch: Batch) -> torch.Tensor:
         return module.encode_image(batch["pixel_values"])
 
-    def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
+    def embed_prompts_with(self, module: Any, prompts: list[str]) -> torch.Tensor:
         return module.encode_text(self.tokenizer(prompts).to(next(module.parameters()).device))
 
     def with_edit(self, operator: torch.Tensor) -> OpenClip:
@@ -294,7 +299,7 @@ class OpenClip(OnDevice):
         return "open_clip:local-dir"
 
 
-def _lora_targets(model) -> dict:
+def _lora_targets(model: Any) -> dict[str, Any]:
     """What a LoRA adapts in this image tower. A ViT's attention is nn.MultiheadAttention with
     one fused in_proj_weight (q, k and v stacked), so peft adapts that parameter whole: a rank-r
     update of the in-projection rather than of q and v alone. A ModifiedResNet has attention
@@ -323,7 +328,7 @@ def _lora_targets(model) -> dict:
     return {"target_modules": r".*visual\.layer4\..*\.conv[123]"}
 
 
-def _get(module, path: str):
+def _get(module: Any, path: str) -> Any:
     for part in path.split("."):
         module = getattr(module, part, None)
         if module is None:
@@ -331,7 +336,7 @@ def _get(module, path: str):
     return module
 
 
-def _tokenizer(rest: str, folder: Path, model_cfg: dict):
+def _tokenizer(rest: str, folder: Path, model_cfg: dict[str, Any]) -> Any:
     """The tokenizer open_clip itself pairs with this checkpoint. A text_cfg naming an HF tokenizer
     (SigLIP, mT5, ..., or the tiny vocabulary) needs that tokenizer's files: a local folder
     carries them (open_clip's get_tokenizer then reads the folder, offline); a bare weights file
@@ -362,13 +367,13 @@ def _tokenizer(rest: str, folder: Path, model_cfg: dict):
         ) from None
 
 
-def _vocab_size(tokenizer) -> int:
+def _vocab_size(tokenizer: Any) -> int:
     # SimpleTokenizer's; an HFTokenizer wraps a transformers one
     encoder = getattr(tokenizer, "encoder", None)
     return len(encoder) if encoder is not None else len(tokenizer.tokenizer)
 
 
-def add_tower_hook(hook) -> None:
+def add_tower_hook(hook: Callable[[], None]) -> None:
     """Run `hook()` before open_clip builds a model (a plugin registering its timm towers)."""
     TOWER_HOOKS.append(hook)
 
@@ -378,7 +383,7 @@ def _run_tower_hooks() -> None:
         TOWER_HOOKS.pop(0)()
 
 
-def write_local_dir(folder: Path, model, config: dict, hf_tokenizer) -> None:
+def write_local_dir(folder: Path, model: Any, config: dict[str, Any], hf_tokenizer: Any) -> None:
     """The local-dir layout open_clip's own loader reads: weights (without the attention masks,
     which the model rebuilds), config, and an HF tokenizer's files when the model has one."""
     from safetensors.torch import save_file

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ptc.errors import ModelError
 
@@ -28,7 +29,7 @@ REFUSED_HINT = (
 )
 
 
-def _code_keys(value, path: str = "") -> list[str]:
+def _code_keys(value: Any, path: str = "") -> list[str]:
     """Dotted paths of every key in CODE_KEYS with a truthy value, anywhere in a JSON value."""
     found = []
     if isinstance(value, dict):
@@ -43,7 +44,7 @@ def _code_keys(value, path: str = "") -> list[str]:
     return found
 
 
-def _read_json(path: Path, ref: str):
+def _read_json(path: Path, ref: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -24,9 +24,10 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ptc import __version__
 from ptc.compiler.tasks.grid import TaskSpec, check_name
@@ -125,7 +126,7 @@ class Bank:
                 "point --bank at a bank, or at a new folder",
             )
 
-    def _marker_version(self):
+    def _marker_version(self) -> Any:
         marker = self.root / MARKER
         try:
             record = json.loads(marker.read_text())
@@ -240,7 +241,9 @@ class Bank:
             )
         return Entry(path, tensors, record, sha)
 
-    def get_or_compute(self, relpath: str, compute) -> tuple[Entry, bool]:
+    def get_or_compute(
+        self, relpath: str, compute: Callable[[], tuple[dict[str, torch.Tensor], dict[str, Any]]]
+    ) -> tuple[Entry, bool]:
         """The entry at `relpath`, or `compute() -> (tensors, meta)` written there.
 
         The check, the computation and the write happen under a per-entry file lock, so two
@@ -479,7 +482,8 @@ class Bank:
             count += 1
             try:
                 entry = self.read_entry(relpath)
-                problems += self._cross_check(entry)
+                if entry is not None:  # None: removed since it was listed
+                    problems += self._cross_check(entry)
             except BankError as exc:
                 problems.append(exc.message)
         exports, export_problems = self._export_problems()
@@ -523,7 +527,9 @@ class Bank:
         entries, problems = [], []
         for relpath in self.entry_paths():
             try:
-                entries.append((relpath, self._read_sealed(relpath)))
+                sealed = self._read_sealed(relpath)
+                if sealed is not None:  # None: removed since it was listed
+                    entries.append((relpath, sealed))
             except BankError as exc:
                 problems.append(exc.message)
         if problems:

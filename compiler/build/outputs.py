@@ -85,6 +85,8 @@ def write_output(
     """Export, verify and write every file into a staging folder, renamed into place when all
     passed. The lock is written last, over every other file's bytes."""
     plan = edited.plan
+    if plan.out_dir is None:  # execute refuses an export without one before any stage runs
+        raise RuntimeError("write_output needs the plan's output directory")
     try:
         with staged_directory(plan.out_dir, replace=options.force) as staging:
             provenance = provenance_of(plan, target.lock_inputs)

@@ -34,8 +34,14 @@ class Exported:
 
     def figures(self) -> dict[str, Any]:
         """The measured figures, as report.json's verify.equivalence holds them."""
-        names = ("onnx_max_abs_diff", "onnx_provider", "onnx_provider_requested")
-        names += ("onnx_provider_fell_back", "reload_max_abs_diff", "fp16_min_cosine")
+        names = (
+            "onnx_max_abs_diff",
+            "onnx_provider",
+            "onnx_provider_requested",
+            "onnx_provider_fell_back",
+            "reload_max_abs_diff",
+            "fp16_min_cosine",
+        )
         return {name: getattr(self, name) for name in names}
 
 
@@ -156,7 +162,7 @@ class BuildReport:
         return lines
 
 
-def _fmt(value) -> str:
+def _fmt(value: object) -> str:
     return "n/a" if value is None else f"{value:.2e}"
 
 
@@ -211,9 +217,9 @@ def term_records(plan: Plan, edit: Edit, residuals: dict[str, float]) -> list[di
             "sources": list(pt.term.sources),
             "combine": pt.term.combine if len(pt.term.sources) > 1 else None,
             "weighting": pt.term.weighting,
-            "source_weights": pt.descriptor.meta.get("source_weights"),
+            "source_weights": pt.resolved.meta.get("source_weights"),
             "grid_hash": pt.task.grid_hash,
-            "descriptor_sha256": pt.descriptor.sha256,
+            "descriptor_sha256": pt.resolved.sha256,
             "source_descriptor_sha256": [entry.sha256 for entry in pt.sources],
             "operator_sha256": sha,
             "grid_residual": residuals[pt.task.name],

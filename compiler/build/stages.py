@@ -17,6 +17,7 @@ from ptc.compiler.edit.routes import ROUTES, Check, Edit, Run, grid_goals
 from ptc.compiler.edit.strength import choose_strengths, strength_report
 from ptc.compiler.edit.terms import resolve_descriptors, with_weights
 from ptc.compiler.embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
+from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
     check_locked,
     lock_inputs,
@@ -144,7 +145,7 @@ def choose_term_strengths(
             run.counts["embeddings_computed"] += controls[task.name].computed
     with run.stage("strength"):
         terms = [
-            (pt.task.name, pt.descriptor.tensors["utd"], 1.0 if pt.term.weight > 0 else -1.0)
+            (pt.task.name, pt.resolved.tensors["utd"], 1.0 if pt.term.weight > 0 else -1.0)
             for pt in plan.terms
         ]
         result = choose_strengths(terms, grids, controls, plan.recipe.solve.ridge, config)
@@ -159,7 +160,7 @@ def check_set(
     target's (z, R) of them where the cache holds a CPU fp32 reference."""
     probes = {pt.task.name: pt.task.probes for pt in plan.terms}
     per_grid = max(1, count // len(probes))
-    picked = []
+    picked: list[tuple[str, int]] = []
     for name, files in probes.items():
         step = max(1, len(files) // per_grid)
         picked.extend((name, index) for index in range(0, len(files), step)[:per_grid])
@@ -169,7 +170,9 @@ def check_set(
     if all(grids[name].made_by == FP32_CPU for name in probes):
         z = torch.stack([grids[name].inputs[index] for name, index in picked])
         rows = [grids[name].regressors for name, _ in picked]
-        r = None if rows[0] is None else torch.stack([r[i] for r, (_, i) in zip(rows, picked)])
+        r = None
+        if all(row is not None for row in rows):
+            r = torch.stack([row[i] for row, (_, i) in zip(rows, picked) if row is not None])
         base = (z, r)
     return Check(paths, target.load_inputs(paths), base)
 
@@ -193,8 +196,10 @@ def certify(
     figures: dict[str, dict[str, Any]] = {}
     if not plan.certifications:
         return figures
+    if edit.term_edits is None:  # the plan refuses verify.certify on a route without them
+        raise RuntimeError(f"route {plan.recipe.route} gave no per-term edits to certify")
     per_task = task_edits([{"task": pt.task.name} for pt in plan.terms], edit.term_edits)
-    full = sum(e.double() for e in edit.term_edits)
+    full = summed(e.double() for e in edit.term_edits)
     for task, folder in plan.certifications:
         z, r = embed_probe_files_for_edit(
             target,

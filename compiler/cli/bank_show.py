@@ -4,6 +4,10 @@ reports what it finds; `ptc bank verify` is what checks the hashes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
 from ptc.compiler.bank.store import MARKER, Bank
 from ptc.compiler.cli.tables import table
 from ptc.errors import BankError
@@ -15,7 +19,7 @@ CACHES = {
 }  # record kind -> section
 
 
-def _size(paths) -> int:
+def _size(paths: Iterable[Path]) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
@@ -30,8 +34,8 @@ def describe(bank: Bank) -> dict:
         )
     entries = {rel: bank.entry_record(rel) for rel in bank.entry_paths()}
     sizes = {rel: (bank.root / rel).stat().st_size for rel in entries}
-    descriptors: dict[str, list[dict]] = {}
-    caches: dict[str, dict[str, dict]] = {section: {} for section in CACHES.values()}
+    descriptors: dict[Any, list[dict[str, Any]]] = {}  # by task, as each record names it
+    caches: dict[str, dict[Any, dict[str, Any]]] = {section: {} for section in CACHES.values()}
     for rel, meta in entries.items():
         if meta.get("kind") == "descriptor":
             descriptors.setdefault(meta.get("task"), []).append(
@@ -112,11 +116,11 @@ def lines(shown: dict) -> list[str]:
     out += table(rows)
     for kind in CACHES.values():
         out += ["", f"{kind}:"]
-        rows = [("MODEL", "ENTRIES", "SIZE", "TASKS")] + [
+        cache_rows = [("MODEL", "ENTRIES", "SIZE", "TASKS")] + [
             (r["model"], str(r["entries"]), _mb(r["bytes"]), ", ".join(r["tasks"]))
             for r in shown[kind]
         ]
-        out += table(rows) if shown[kind] else ["  (none)"]
+        out += table(cache_rows) if shown[kind] else ["  (none)"]
     out += ["", "exports:"]
     out += (
         table(

@@ -6,9 +6,15 @@ the same thing is the same flag, said the same way, in every command."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
 from ptc.compiler.recipe.options import option_fields
+
+# What click's option decorators are: a command's callback in, the same callback out.
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 # flag -> help. A model is always a reference with its scheme (hf:DIR, hf:org/name,
 # open_clip:local-dir:DIR); a fine-tune, an adapter or a build output may be a bare folder.
@@ -44,8 +50,8 @@ def flags() -> dict[str, str]:
 
 
 def flag(
-    name: str, *declarations: str, table: dict[str, str] | None = None, **settings
-) -> click.Option:
+    name: str, *declarations: str, table: dict[str, str] | None = None, **settings: Any
+) -> Decorator:
     """click.option for `name`, with its help from `table` (a plugin's own flags) or this one;
     `declarations` add a short form or the parameter's name, `settings` what differs by command
     (required, default, type)."""

@@ -8,23 +8,31 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import Field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ptc import __version__
-from ptc.compiler.cli.flags import flag
+from ptc.compiler.cli.flags import Decorator, flag
+from ptc.devices import Compute
 from ptc.errors import PtcError, condensed, library_hint, library_of
 
+if TYPE_CHECKING:  # the bank is imported where a command opens it
+    from ptc.compiler.bank.store import Bank
 
-def options(*names: str):
+
+def options(*names: str) -> Decorator:
     """The flags of these run options (compiler/recipe/options.py defines each once: flag, default,
     help), passed to the command under their field names."""
     from ptc.compiler.recipe.options import option_fields
 
     defined = option_fields()
 
-    def decorate(command):
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for name in reversed(names):
             command = _flag(name, defined[name])(command)
         return command
@@ -32,7 +40,7 @@ def options(*names: str):
     return decorate
 
 
-def _flag(name: str, definition):
+def _flag(name: str, definition: Field[Any]) -> Decorator:
     meta, default = definition.metadata, definition.default
     if meta["kind"] == "negated":  # --no-export sets export=False
         return click.option(meta["flag"], name, flag_value=False, default=True, help=meta["help"])
@@ -54,10 +62,8 @@ def _flag(name: str, definition):
     )
 
 
-def _compute(device: str, precision: str):
+def _compute(device: str, precision: str) -> Compute:
     """--device and --precision, the device checked here (a missing one is exit 2, before loading)."""
-    from ptc.devices import Compute
-
     compute = Compute(device, precision)
     compute.resolved()
     return compute
@@ -76,7 +82,7 @@ class Terminated(BaseException):
     that every staging folder and temporary file is cleaned up on the way out, as for Ctrl-C."""
 
 
-def _raise_terminated(signum, frame) -> None:
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
@@ -100,7 +106,7 @@ def common_options() -> list[click.Option]:
     `ptc` itself (before it); read by `handled` when the command runs."""
     from ptc.compiler.cli.flags import ARGUMENTS
 
-    def switch(*names):
+    def switch(*names: str) -> click.Option:
         return click.Option(
             list(names),
             is_flag=True,
@@ -143,11 +149,11 @@ def _apply_common(ctx: click.Context) -> bool:
     return debug
 
 
-def handled(command):
+def handled(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn library errors into one line and an exit code; --debug shows the traceback."""
 
     @functools.wraps(command)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = _apply_common(click.get_current_context())
         try:
             return command(*args, **kwargs)
@@ -179,9 +185,9 @@ def handled(command):
 
 def _command_path(ctx: click.Context) -> str:
     """`ptc SUBCOMMAND ...` however ptc was started (`python -m ...` names the root otherwise)."""
-    names = []
+    names: list[str] = []
     while ctx.parent is not None:
-        names.append(ctx.info_name)
+        names.append(ctx.info_name or "")
         ctx = ctx.parent
     return " ".join(["ptc", *reversed(names)])
 
@@ -192,7 +198,7 @@ COMMAND_PLUGINS = "ptc.commands"  # entry points: a callable taking ptc's group 
 class PtcSubgroup(click.Group):
     """A group of ptc's (`ptc task`, `ptc bank`): every command added gets the common flags."""
 
-    group_class = type
+    group_class: type[click.Group] | type[type] | None = type
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         super().add_command(with_common_options(cmd), name)
@@ -220,15 +226,15 @@ class PtcGroup(PtcSubgroup):
                 continue
             add_commands(self)
 
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context) -> list[str]:
         self._load_plugins()
         return super().list_commands(ctx)
 
-    def get_command(self, ctx, name):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         self._load_plugins()
         return super().get_command(ctx, name)
 
-    def main(self, *args, **kwargs):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         import signal
         import threading
 
@@ -262,7 +268,7 @@ def main() -> None:
     """ptc, the platonic task compiler: recipes of signed task sums -> edited encoders."""
 
 
-def _bank(path: Path | None):
+def _bank(path: Path | None) -> Bank:
     from ptc.compiler.recipe.options import Options
 
     return Options(bank=path).open_bank()
@@ -299,7 +305,7 @@ def task_add(task_file: Path, bank: Path | None, replace: bool) -> None:
 def task_list(bank: Path | None, as_json: bool) -> None:
     """List registered tasks and their descriptors."""
     store = _bank(bank)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in store.task_names():
         record = store.task(name)
         rows.append(
@@ -350,7 +356,14 @@ def descriptor() -> None:
 @options("batch_size", "device", "precision", "bank")
 @handled
 def descriptor_add(
-    task_name, source, finetuned, descriptor_id, batch_size, device, precision, bank
+    task_name: str,
+    source: str,
+    finetuned: str,
+    descriptor_id: str | None,
+    batch_size: int,
+    device: str,
+    precision: str,
+    bank: Path | None,
 ) -> None:
     """Store UTD = S_ft - S_pre of SOURCE's fine-tune on TASK's grid."""
     from ptc.compiler.sources.descriptor import add_descriptor
@@ -378,7 +391,7 @@ def descriptor_add(
 @options("bank", "out")
 @JSON_FLAG
 @handled
-def check(recipe: Path, bank, out, as_json) -> None:
+def check(recipe: Path, bank: Path | None, out: Path | None, as_json: bool) -> None:
     """Validate RECIPE and resolve every term against the bank, loading no weights."""
     from ptc.compiler.recipe.options import Options
     from ptc.compiler.recipe.plan import plan
@@ -435,7 +448,16 @@ def check(recipe: Path, bank, out, as_json) -> None:
 @JSON_FLAG
 @handled
 def build(
-    recipe: Path, bank, out, force, batch_size, device, precision, export, locked, as_json
+    recipe: Path,
+    bank: Path | None,
+    out: Path | None,
+    force: bool,
+    batch_size: int,
+    device: str,
+    precision: str,
+    export: bool,
+    locked: bool,
+    as_json: bool,
 ) -> None:
     """Build RECIPE: solve, fold, verify, export; then record the build in RECIPE.lock."""
     from ptc.compiler.build.pipeline import execute
@@ -484,7 +506,7 @@ def build(
 @options("bank")
 @flag("--lock-file", type=click.Path(path_type=Path), default=None)
 @handled
-def lock_command(recipe: Path, bank, lock_file) -> None:
+def lock_command(recipe: Path, bank: Path | None, lock_file: Path | None) -> None:
     """Write RECIPE's lock without building: every input's fingerprint, the settings and versions."""
     from ptc import targets
     from ptc.compiler.recipe.lock import (
@@ -515,7 +537,7 @@ def lock_command(recipe: Path, bank, lock_file) -> None:
 @flag("--lock-file", type=click.Path(path_type=Path), default=None)
 @JSON_FLAG
 @handled
-def verify_command(output: Path, lock_file, as_json) -> None:
+def verify_command(output: Path, lock_file: Path | None, as_json: bool) -> None:
     """Re-hash OUTPUT against its lock and check its report's figures; exit 0 only if all hold."""
     from ptc.compiler.recipe.lock import verify_output
 
@@ -537,7 +559,7 @@ def verify_command(output: Path, lock_file, as_json) -> None:
 @click.argument("b", type=click.Path(path_type=Path))
 @JSON_FLAG
 @handled
-def diff_command(a: Path, b: Path, as_json) -> None:
+def diff_command(a: Path, b: Path, as_json: bool) -> None:
     """What differs between two locks or two output folders: terms, weights, fingerprints,
     settings, versions, outputs."""
     from ptc.compiler.recipe.lock import describe, differences, load_lock_or_output
@@ -562,7 +584,15 @@ def diff_command(a: Path, b: Path, as_json) -> None:
 @options("batch_size", "device", "precision")
 @JSON_FLAG
 @handled
-def certify(output: Path, data: Path, task_name, batch_size, device, precision, as_json) -> None:
+def certify(
+    output: Path,
+    data: Path,
+    task_name: str | None,
+    batch_size: int,
+    device: str,
+    precision: str,
+    as_json: bool,
+) -> None:
     """Composition certificate of a built OUTPUT: inputs whose prediction provably equals the
     single-task model's, whatever the other terms do."""
     from ptc.compiler.verify.certify import certify_output
@@ -594,7 +624,16 @@ def certify(output: Path, data: Path, task_name, batch_size, device, precision, 
 @JSON_FLAG
 @options("batch_size", "device", "precision", "bank")
 @handled
-def eval_command(model, task_name, data, as_json, batch_size, device, precision, bank) -> None:
+def eval_command(
+    model: str,
+    task_name: str,
+    data: Path,
+    as_json: bool,
+    batch_size: int,
+    device: str,
+    precision: str,
+    bank: Path | None,
+) -> None:
     """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
     from ptc.compiler.verify.evaluate import evaluate
 
@@ -625,7 +664,19 @@ def eval_command(model, task_name, data, as_json, batch_size, device, precision,
 )
 @options("out", "force", "device", "bank")
 @handled
-def finetune(task_name, model, data, out, rank, steps, seed, dropout, force, device, bank) -> None:
+def finetune(
+    task_name: str,
+    model: str,
+    data: Path,
+    out: Path | None,
+    rank: int,
+    steps: int,
+    seed: int,
+    dropout: float,
+    force: bool,
+    device: str,
+    bank: Path | None,
+) -> None:
     """Fine-tune a source: rank-4 LoRA on the input tower's q/v, text tower frozen."""
     from ptc import targets
     from ptc.compiler.sources.finetune import finetune_lora
@@ -676,7 +727,15 @@ def bank_group() -> None:
 @flag("--replace", is_flag=True)
 @options("batch_size", "device", "precision")
 @handled
-def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, precision) -> None:
+def bank_build(
+    plan_file: Path,
+    bank: Path | None,
+    ray_address: str | None,
+    replace: bool,
+    batch_size: int,
+    device: str,
+    precision: str,
+) -> None:
     """Compute every missing embedding, descriptor, factor and operator of PLAN_FILE."""
     from ptc.compiler.sources.bank_plan import load_plan, run_plan
 
@@ -703,7 +762,7 @@ def bank_build(plan_file: Path, bank, ray_address, replace, batch_size, device, 
 @options("bank")
 @JSON_FLAG
 @handled
-def bank_show(bank, as_json) -> None:
+def bank_show(bank: Path | None, as_json: bool) -> None:
     """What the bank holds: tasks and their descriptors (made from which source and fine-tune),
     cached embeddings, factors, operators and exports by model, with sizes. Reads records only."""
     from ptc.compiler.cli.bank_show import describe, lines
@@ -719,7 +778,7 @@ def bank_show(bank, as_json) -> None:
 @bank_group.command("upgrade")
 @options("bank")
 @handled
-def bank_upgrade(bank) -> None:
+def bank_upgrade(bank: Path | None) -> None:
     """Re-seal a bank written by an older ptc (format 2) so every entry is bound to its key."""
     store = _bank(bank)
     count, problems = store.upgrade()
@@ -738,7 +797,7 @@ def bank_upgrade(bank) -> None:
 @bank_group.command("verify")
 @options("bank")
 @handled
-def bank_verify(bank) -> None:
+def bank_verify(bank: Path | None) -> None:
     """Re-hash every entry of the bank."""
     store = _bank(bank)
     count, problems = store.verify_all()

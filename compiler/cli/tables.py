@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Aligned columns, the first row a header; trailing spaces trimmed."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [

@@ -8,14 +8,16 @@ jointly, probes weighted equally; then merged into the weights.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ptc.compiler.edit.lora import attach_lora, train
-from ptc.compiler.method.descriptor import affinity
-from ptc.targets.base import Batch, Trainable, batch_len, batch_rows
+from ptc.compiler.method.descriptor import affinity, summed
+from ptc.targets.base import Batch, Family, batch_len, batch_rows
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class GridGoal:
     goal: torch.Tensor  # N x M, sum of w_l U_l over the grid's terms
 
 
-def _batches(count: int, size: int, generator: torch.Generator):
+def _batches(count: int, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Endless shuffled epochs of index batches over `count` probes."""
     while True:
         order = torch.randperm(count, generator=generator)
@@ -43,7 +45,7 @@ def planned_steps(goals: list[GridGoal], batch_size: int, epochs: int, max_steps
 
 
 def fit_adapter(
-    encoder: Trainable,
+    encoder: Family,
     goals: list[GridGoal],
     out_dir: Path,
     *,
@@ -56,23 +58,23 @@ def fit_adapter(
     seed: int,
     device: torch.device,
     progress: bool = True,
-):
+) -> tuple[Any, dict[str, Any]]:
     """Train, save the (unmerged) peft adapter to `out_dir`, return (module, stats)."""
     module = attach_lora(encoder, rank, alpha, seed, device)
     generator = torch.Generator().manual_seed(seed)
     streams = [_batches(batch_len(g.inputs), batch_size, generator) for g in goals]
     steps = planned_steps(goals, batch_size, epochs, max_steps)
 
-    def step_loss(_step):
-        total = 0.0
+    def step_loss(_step: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        losses = []
         for goal, stream in zip(goals, streams):
             idx = next(stream).to(device)
             moved = (
                 affinity(encoder.embed_with(module, batch_rows(goal.inputs, idx)), goal.class_rows)
                 - goal.pre_affinity[idx]
             )
-            total = total + (moved - goal.goal[idx]).square().mean()
-        return total, {}
+            losses.append((moved - goal.goal[idx]).square().mean())
+        return summed(losses), {}
 
     figures = train(module, steps, step_loss, lr, "adapter", progress)
     module.eval()

@@ -5,15 +5,16 @@ deterministic under a seed and runs on a GPU when one is present."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ptc.errors import InputError
 from ptc.progress import Progress
-from ptc.targets.base import Trainable
+from ptc.targets.base import Family
 
 
-def check_lora_dropout(encoder: Trainable, dropout: float) -> None:
+def check_lora_dropout(encoder: Family, dropout: float) -> None:
     """Refuse a LoRA dropout rate the encoder's adapter cannot take, before any training."""
     if not 0 <= dropout < 1:
         raise InputError(
@@ -30,20 +31,20 @@ def check_lora_dropout(encoder: Trainable, dropout: float) -> None:
 
 
 def attach_lora(
-    encoder: Trainable,
+    encoder: Family,
     rank: int,
     alpha: float | None,
     seed: int,
     device: torch.device,
     dropout: float = 0.0,
-):
+) -> Any:
     """A peft-wrapped copy of the encoder's module with only the LoRA factors trainable.
     `dropout` is peft's lora_dropout: applied to the LoRA branch's input while training only."""
     from peft import LoraConfig, get_peft_model
 
     check_lora_dropout(encoder, dropout)
     torch.manual_seed(seed)  # LoRA's A factors are drawn at attach time
-    extra = {} if alpha is None else {"lora_alpha": alpha}
+    extra: dict[str, Any] = {} if alpha is None else {"lora_alpha": alpha}
     config = LoraConfig(r=rank, lora_dropout=dropout, **encoder.lora_targets, **extra)
     module = get_peft_model(encoder.trainable(), config).to(device)
     if not any(p.requires_grad for p in module.parameters()):
@@ -52,16 +53,16 @@ def attach_lora(
 
 
 def train(
-    module,
+    module: torch.nn.Module,
     steps: int,
-    step_loss: Callable[[int], tuple[torch.Tensor, dict]],
+    step_loss: Callable[[int], tuple[torch.Tensor, dict[str, Any]]],
     lr: float,
     desc: str,
     progress: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Run `steps` AdamW steps of `step_loss(step) -> (loss, figures for the progress bar)`."""
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr)
-    figures: dict = {}
+    figures: dict[str, Any] = {}
     with Progress(steps, desc, "steps", progress) as bar:
         for step in range(steps):
             loss, figures = step_loss(step)

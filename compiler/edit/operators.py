@@ -5,6 +5,9 @@ bank fill, so both follow one caching rule."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+import torch
 
 from ptc.compiler.bank.store import Bank, Entry, TaskRecord
 from ptc.compiler.embed import GridEmbeddings
@@ -14,7 +17,9 @@ from ptc.targets.base import DualEncoder
 from ptc.timers import timed
 
 
-def factors_record(target_ref: str, task: TaskRecord, factors: GridFactors):
+def factors_record(
+    target_ref: str, task: TaskRecord, factors: GridFactors
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return factors.as_tensors(), {
         "kind": "factors",
         "target_ref": target_ref,
@@ -23,7 +28,9 @@ def factors_record(target_ref: str, task: TaskRecord, factors: GridFactors):
     }
 
 
-def operator_record(target_ref: str, task: TaskRecord, descriptor: Entry, ridge: float, operator):
+def operator_record(
+    target_ref: str, task: TaskRecord, descriptor: Entry, ridge: float, operator: torch.Tensor
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return {"operator": operator.float()}, {
         "kind": "operator",
         "target_ref": target_ref,
@@ -40,7 +47,7 @@ def timed_factorize(emb: GridEmbeddings) -> GridFactors:
         return factorize(emb.inputs, emb.class_rows, emb.regressors)
 
 
-def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float):
+def timed_solve(factors: GridFactors, descriptor: Entry, ridge: float) -> torch.Tensor:
     with timed("solve"):
         return solve_operator(factors, descriptor.tensors["utd"], ridge)
 

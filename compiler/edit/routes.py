@@ -11,6 +11,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 from ptc.compiler.edit.adapter import GridGoal, fit_adapter
 from ptc.compiler.edit.operators import ensure_factors, ensure_operator
 from ptc.compiler.embed import GridEmbeddings, embed_probe_files
-from ptc.compiler.method.descriptor import affinity
+from ptc.compiler.method.descriptor import affinity, summed
 from ptc.compiler.method.ridge import GridFactors, edited_embeddings, factorize, solve_operator
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.plan import Plan
@@ -51,7 +52,7 @@ class Run:
     )
 
     @contextmanager
-    def stage(self, name: str):
+    def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
@@ -65,16 +66,15 @@ class Check:
 
     paths: list[Path]
     batch: Batch
-    base: tuple[torch.Tensor, torch.Tensor | None] | None = (
-        None  # the target's (z, R) of them, if cached
-    )
+    # the target's (z, R) of them, if cached
+    base: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 @dataclass
 class Edit:
     """What a route hands back to the build."""
 
-    edited: object
+    edited: Family
     grid_inputs: dict[str, torch.Tensor]
     check_outputs: torch.Tensor  # the edited model's embeddings of the check batch, computed once
     torch_max_abs_diff: float
@@ -82,31 +82,30 @@ class Edit:
     lock: dict
     term_hashes: list[str | None]
     card: str
-    term_edits: list[torch.Tensor] | None = (
-        None  # per-term signed edits (closed form): the certificate's input
-    )
+    # per-term signed edits (closed form): the certificate's input
+    term_edits: list[torch.Tensor] | None = None
 
 
-def grid_goals(plan_: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
+def grid_goals(plan: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.Tensor]:
     """sum_l w_l U_l per grid (float64): what the edit should do to each grid's affinities."""
     goals: dict[str, torch.Tensor] = {}
-    for pt in plan_.terms:
-        scaled = pt.weight * pt.descriptor.tensors["utd"].double()
+    for pt in plan.terms:
+        scaled = pt.weight * pt.resolved.tensors["utd"].double()
         goals[pt.task.name] = goals[pt.task.name] + scaled if pt.task.name in goals else scaled
     return goals
 
 
-def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
+def _linearity(plan: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
     """Per task grid: the terms' descriptors, then more of that task from the bank, three in all."""
     per_task = {}
     for name, grid_factors in factors.items():
-        mine = [pt for pt in plan_.terms if pt.task.name == name]
+        mine = [pt for pt in plan.terms if pt.task.name == name]
         used = {source for pt in mine for source in pt.term.sources}
-        descriptors = [pt.descriptor.tensors["utd"] for pt in mine][:3]
-        for extra in [i for i in plan_.bank.descriptor_ids(name) if i not in used][
+        descriptors = [pt.resolved.tensors["utd"] for pt in mine][:3]
+        for extra in [i for i in plan.bank.descriptor_ids(name) if i not in used][
             : 3 - len(descriptors)
         ]:
-            descriptors.append(plan_.bank.descriptor(name, extra).tensors["utd"])
+            descriptors.append(plan.bank.descriptor(name, extra).tensors["utd"])
         per_task[name] = linearity(grid_factors, descriptors, ridge)
     return {
         "max_rel_diff_fp64": max(v["max_rel_diff_fp64"] for v in per_task.values()),
@@ -116,7 +115,7 @@ def _linearity(plan_: Plan, factors: dict[str, GridFactors], ridge: float) -> di
 
 
 def _embedding_operator_reference(
-    plan_: Plan, grids: dict[str, GridEmbeddings], ridge: float
+    plan: Plan, grids: dict[str, GridEmbeddings], ridge: float
 ) -> dict | None:
     """Where the edit acts through other rows than z (a residual pooling head), the paper reads
     it against the same solve as a d x d operator applied outside the model, which no weight
@@ -124,11 +123,11 @@ def _embedding_operator_reference(
     if all(emb.regressors is None for emb in grids.values()):
         return None
     factors = {name: factorize(emb.inputs, emb.class_rows) for name, emb in grids.items()}
-    operator = sum(
-        pt.weight * solve_operator(factors[pt.task.name], pt.descriptor.tensors["utd"], ridge)
-        for pt in plan_.terms
+    operator = summed(
+        pt.weight * solve_operator(factors[pt.task.name], pt.resolved.tensors["utd"], ridge)
+        for pt in plan.terms
     )
-    goals = grid_goals(plan_, grids)
+    goals = grid_goals(plan, grids)
     return {
         "descriptor_residual": {
             name: descriptor_residual(
@@ -154,45 +153,45 @@ def edited_check_outputs(edited: DualEncoder, check: Check) -> torch.Tensor:
 
 
 def closed_form(
-    plan_: Plan,
-    target: DualEncoder,
+    plan: Plan,
+    target: Family,
     target_key: str,
     grids: dict[str, GridEmbeddings],
     check: Check,
     run: Run,
     options: Options,
 ) -> Edit:
-    recipe, ridge = plan_.recipe, plan_.recipe.solve.ridge
+    recipe, ridge = plan.recipe, plan.recipe.solve.ridge
     with run.stage("factorize"):
         factors = {
             name: ensure_factors(
-                plan_.bank, target_key, target, plan_.bank.task(name), emb, run.counts
+                plan.bank, target_key, target, plan.bank.task(name), emb, run.counts
             )
             for name, emb in grids.items()
         }
     with run.stage("solve"):
         operators = [
             ensure_operator(
-                plan_.bank,
+                plan.bank,
                 target_key,
                 target,
                 pt.task,
-                pt.descriptor,
+                pt.resolved,
                 factors[pt.task.name],
                 ridge,
                 run.counts,
             )
-            for pt in plan_.terms
+            for pt in plan.terms
         ]
         term_edits = [
-            pt.weight * op.tensors["operator"].double() for pt, op in zip(plan_.terms, operators)
+            pt.weight * op.tensors["operator"].double() for pt, op in zip(plan.terms, operators)
         ]
-        edit = sum(term_edits)
+        edit = summed(term_edits)
         require_finite(
             {"edit": edit}, "the recipe's signed sum of operators", "lower the terms' weights"
         )
     with run.stage("verify_linearity"):
-        lin = _linearity(plan_, factors, ridge)
+        lin = _linearity(plan, factors, ridge)
         require(
             "linearity max_rel_diff_fp64",
             lin["max_rel_diff_fp64"],
@@ -213,7 +212,7 @@ def closed_form(
         name: edited_embeddings(emb.inputs, emb.regressors, edit) for name, emb in grids.items()
     }
     report = {"linearity": lin, "operator_norm": float(edit.norm()), "edit_shape": list(edit.shape)}
-    reference = _embedding_operator_reference(plan_, grids, ridge)
+    reference = _embedding_operator_reference(plan, grids, ridge)
     if reference is not None:
         report["embedding_operator_reference"] = reference
     return Edit(
@@ -230,7 +229,7 @@ def closed_form(
 
 
 def adapter(
-    plan_: Plan,
+    plan: Plan,
     target: Family,
     target_key: str,
     grids: dict[str, GridEmbeddings],
@@ -238,12 +237,12 @@ def adapter(
     run: Run,
     options: Options,
 ) -> Edit:
-    cfg, device = plan_.recipe.adapter, options.compute().resolved()
-    goals = grid_goals(plan_, grids)
+    cfg, device = plan.recipe.adapter, options.compute().resolved()
+    goals = grid_goals(plan, grids)
     with run.stage("adapter_inputs"):
         fit_goals = []
         for name, emb in grids.items():
-            task = plan_.bank.task(name)
+            task = plan.bank.task(name)
             fit_goals.append(
                 GridGoal(
                     name,
@@ -278,13 +277,13 @@ def adapter(
         require(
             "torch_max_abs_diff (merged vs unmerged adapter)",
             diff,
-            plan_.recipe.verify.equivalence_atol,
+            plan.recipe.verify.equivalence_atol,
         )
     with run.stage("embed_edited"):
         grid_inputs = {
             name: embed_probe_files(
                 edited,
-                list(plan_.bank.task(name).probes),
+                list(plan.bank.task(name).probes),
                 options.batch_size,
                 f"edited {name}",
                 options.progress,
@@ -298,7 +297,7 @@ def adapter(
         diff,
         {"adapter": stats, "linearity": None},
         {"adapter": {**cfg.model_dump(), "sha256": adapter_sha}},
-        [None] * len(plan_.terms),
+        [None] * len(plan.terms),
         f"A rank-{cfg.rank} LoRA on the input tower's attention q/v projections, fitted to the "
         "signed sum of the descriptors below and merged into the weights",
     )

@@ -1,4 +1,4 @@
-"""`strength: auto`: choosing every term's strength without labels (beyond the paper).
+"""`strength: auto`: choosing every term's strength without labels.
 
 The paper fixes alpha = 0.5 (0.5/J for J tasks). Here each term keeps its sign and its
 magnitude m_l >= 0 minimises, in closed form,
@@ -21,11 +21,15 @@ capped at max_weight. No label, and no test data, enters it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 from ptc.compiler.embed import GridEmbeddings
-from ptc.compiler.method.descriptor import affinity, centred
+from ptc.compiler.method.descriptor import affinity, centred, summed
 from ptc.compiler.method.ridge import edit_regressors, factorize, solve_operator
+from ptc.compiler.recipe.plan import PlannedTerm
 from ptc.compiler.recipe.schema import Strength
 
 
@@ -73,7 +77,9 @@ def choose_strengths(
     gram = torch.zeros(count, count, dtype=torch.float64)
     rhs = torch.zeros(count, dtype=torch.float64)
     term_tasks = list(dict.fromkeys(task for task, _, _ in terms))
-    goal = {g: sum(sign * u.double() for task, u, sign in terms if task == g) for g in term_tasks}
+    goal = {
+        g: summed(sign * u.double() for task, u, sign in terms if task == g) for g in term_tasks
+    }
     goal_scale = {g: float(goal[g].square().sum()) or 1.0 for g in term_tasks}
     induced_held: dict[str, list[list[torch.Tensor]]] = {g: [] for g in term_tasks}
     for k in range(config.folds):
@@ -119,7 +125,7 @@ def choose_strengths(
             residual = sum(
                 float(
                     (
-                        sum(m[i] * parts[i] for i in range(count))
+                        summed(m[i] * parts[i] for i in range(count))
                         - goal[g][_fold_masks(grids[g].inputs.shape[0], config.folds)[k]]
                     )
                     .square()
@@ -130,7 +136,7 @@ def choose_strengths(
             held[g] = (residual / goal_scale[g]) ** 0.5
         moved = {
             c: float(
-                sum(m[i] * control_induced[c][i] for i in range(count)).square().sum()
+                summed(m[i] * control_induced[c][i] for i in range(count)).square().sum()
                 / control_scale[c]
             )
             ** 0.5
@@ -151,7 +157,12 @@ def solve_operator_on(emb: GridEmbeddings, descriptor: torch.Tensor, ridge: floa
     )
 
 
-def strength_report(plan_terms, result: dict, config: Strength, controls: list[str]) -> dict:
+def strength_report(
+    plan_terms: Sequence[PlannedTerm],
+    result: dict[str, Any],
+    config: Strength,
+    controls: list[str],
+) -> dict[str, Any]:
     """What `strength: auto` chose and why, for report.json and the build's output."""
     return {
         "mode": "auto",

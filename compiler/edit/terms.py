@@ -9,6 +9,7 @@ own content hash: a relative descriptor depends on the target, so its operator c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -36,18 +37,20 @@ def source_descriptor(entry: Entry, kind: str, target_affinity: torch.Tensor) ->
 
 
 def source_weights(
-    term: Term, entries: tuple[Entry, ...] | list[Entry], target_affinity: torch.Tensor
+    term: Term, entries: Sequence[Entry], target_affinity: torch.Tensor
 ) -> list[float] | None:
     """The consensus weights a term asks for (None: unweighted, i.e. uniform or a median)."""
     if term.weighting == "agreement":
         return agreement_weights(
             [entry.tensors["source_affinity"] for entry in entries], target_affinity
         )
-    return list(term.source_weights) if term.weighting == "explicit" else None
+    if term.weighting == "explicit" and isinstance(term.source_weights, tuple):
+        return list(term.source_weights)
+    return None
 
 
 def combined_descriptor(
-    term: Term, entries, target_affinity: torch.Tensor
+    term: Term, entries: Sequence[Entry], target_affinity: torch.Tensor
 ) -> tuple[torch.Tensor, list[float] | None]:
     """(the term's descriptor on this target, the consensus weights used or None)."""
     parts = [source_descriptor(entry, term.kind, target_affinity) for entry in entries]
@@ -79,16 +82,16 @@ def term_descriptor(pt: PlannedTerm, grid: GridEmbeddings) -> Entry:
     )
 
 
-def resolve_descriptors(plan_: Plan, grids: dict[str, GridEmbeddings]) -> Plan:
+def resolve_descriptors(plan: Plan, grids: dict[str, GridEmbeddings]) -> Plan:
     """The plan with every term's `descriptor` filled in for this target."""
     terms = tuple(
         pt
         if pt.descriptor is not None
         else replace(pt, descriptor=term_descriptor(pt, grids[pt.task.name]))
-        for pt in plan_.terms
+        for pt in plan.terms
     )
-    return replace(plan_, terms=terms)
+    return replace(plan, terms=terms)
 
 
-def with_weights(plan_: Plan, weights: list[float]) -> Plan:
-    return replace(plan_, terms=tuple(replace(pt, weight=w) for pt, w in zip(plan_.terms, weights)))
+def with_weights(plan: Plan, weights: list[float]) -> Plan:
+    return replace(plan, terms=tuple(replace(pt, weight=w) for pt, w in zip(plan.terms, weights)))

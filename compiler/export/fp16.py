@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ptc.compiler.export.onnx_graph import save_onnx, set_metadata
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None:
@@ -22,7 +26,7 @@ def fp16_variant(source: Path, target: Path, provenance: dict[str, str]) -> None
     save_onnx(model, target)
 
 
-def _retarget_float_casts(model) -> None:
+def _retarget_float_casts(model: onnx.ModelProto) -> None:
     """The converter re-types a Cast-to-float's output as float16 but leaves the node's `to`
     at float (onnxconverter-common issue 320), which onnxruntime rejects at load. Such casts
     come from integer inputs (SigLIP2's patch grid): point them at float16 as declared."""

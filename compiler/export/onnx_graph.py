@@ -7,19 +7,24 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ptc.errors import OutputError
 from ptc.targets.base import OnnxTower
 
+if TYPE_CHECKING:  # onnx loads where a graph is written, not with the build
+    import onnx
+
 ONNX_OPSET = 18
 
 
 @contextmanager
-def _without_input_asserts():
+def _without_input_asserts() -> Iterator[None]:
     """transformers guards inputs with torch._check asserts (SigLIP2's spatial shapes) that
     trace into aten._is_all_true, which has no ONNX translation. They validate inputs and
     compute nothing, so the export leaves them out (transformers' own switch); the graph is
@@ -36,7 +41,7 @@ def _without_input_asserts():
 
 
 @contextmanager
-def _quiet_exporter():
+def _quiet_exporter() -> Iterator[None]:
     """The exporter's optimizer logs a warning per op it leaves unfolded ("Skipping constant
     folding for op Split ..."): notes for its developers, not for someone building a model.
     Errors still show; --debug shows the exporter's traceback."""
@@ -63,7 +68,9 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
         }
         for name, axes in tower.dynamic_axes.items()
     }
-    dynamic_shapes = {name: dynamic_shapes.get(name) for name in tower.example_inputs}
+    shapes: dict[str, dict[int, torch.export.Dim] | None] = {
+        name: dynamic_shapes.get(name) for name in tower.example_inputs
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with (
         warnings.catch_warnings(),
@@ -80,7 +87,7 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
                 None,
                 input_names=list(tower.example_inputs),
                 output_names=[tower.output_name],
-                dynamic_shapes=dynamic_shapes,
+                dynamic_shapes=shapes,
                 dynamo=True,
                 opset_version=ONNX_OPSET,
                 verbose=False,
@@ -90,11 +97,13 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
                 f"ONNX export of {tower.name} failed: {type(exc).__name__}: {exc}".split("\n")[0],
                 "run with --debug for the exporter's traceback",
             ) from exc
+    if program is None:  # the dynamo exporter returns a program whenever it does not raise
+        raise OutputError(f"ONNX export of {tower.name} returned no program")
     _drop_stack_traces(program.model)
-    program.save(str(path), external_data=True)  # tensors beside the graph: see towers.py
+    program.save(str(path), external_data=True)  # tensors beside the graph: see tower_cache.py
 
 
-def set_metadata(model, provenance: dict[str, str]) -> None:
+def set_metadata(model: onnx.ModelProto, provenance: dict[str, str]) -> None:
     """Provenance in the graph's metadata_props (what `onnx.load(...).metadata_props` shows)."""
     existing = {p.key: p for p in model.metadata_props}
     for key, value in provenance.items():
@@ -102,7 +111,7 @@ def set_metadata(model, provenance: dict[str, str]) -> None:
         entry.key, entry.value = key, str(value)
 
 
-def _drop_stack_traces(model) -> None:
+def _drop_stack_traces(model: Any) -> None:
     """The exporter records each node's Python stack trace, with the absolute paths of the
     files that traced it: the same model exported from another checkout or virtualenv would
     differ in bytes. The trace is a debugging aid, not part of the graph (an onnx_ir model)."""
@@ -114,7 +123,7 @@ def _drop_stack_traces(model) -> None:
         node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
 
 
-def save_onnx(model, path: Path) -> None:
+def save_onnx(model: onnx.ModelProto, path: Path) -> None:
     """Save a graph with every tensor over 1 KiB in `<name>.data` beside it, as export_onnx does."""
     import onnx
 
@@ -143,7 +152,7 @@ def interface(path: Path) -> dict:
 
     graph = onnx.load(str(path), load_external_data=False).graph
 
-    def described(values) -> list[dict]:
+    def described(values: Iterable[onnx.ValueInfoProto]) -> list[dict[str, Any]]:
         return [
             {
                 "name": v.name,

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ptc.compiler.verify.checks import ArrayLike
 from ptc.finite import require_finite
 
 
@@ -31,6 +32,6 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, d
     return output, {"requested": requested[0], "ran": ran, "fell_back": ran != requested[0]}
 
 
-def min_row_cosine(a, b) -> float:
+def min_row_cosine(a: ArrayLike, b: ArrayLike) -> float:
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
     return float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min())

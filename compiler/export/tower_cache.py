@@ -107,7 +107,7 @@ def changed_tensors(
     """{name: (base tensor, edited tensor)} of the tensors the edit replaced. An edit shares every
     tensor it did not change with its base (targets.base.copy_sharing), so identity says which."""
 
-    def named(module):
+    def named(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return dict(
             chain(
                 module.named_parameters(remove_duplicate=False),
@@ -132,15 +132,17 @@ def find_patches(
     none (then this tower does not use it: the image projection, in the text tower's graph).
     None where a match would be a guess: values so uniform that they could be any tensor's, or
     found in more than one place."""
-    wanted = []
+    wanted: list[
+        list[tuple[bytes, bytes]]
+    ] = []  # per tensor: (old, new) bytes, as is or transposed
     for before, after in changed.values():
         old, new = before.detach().cpu().contiguous(), after.detach().cpu().contiguous()
         if torch.equal(old, new):
             continue  # a tensor the edit rewrote with the same values (a zero bias)
         if old.numel() <= 1 or old.dtype != new.dtype or bool((old == old.reshape(-1)[0]).all()):
             return None
-        forms = [(old, new)] + ([(old.T, new.T)] if old.ndim == 2 else [])
-        wanted.append([(_raw(a), _raw(b)) for a, b in forms])
+        pairs = [(old, new)] + ([(old.T, new.T)] if old.ndim == 2 else [])
+        wanted.append([(_raw(a), _raw(b)) for a, b in pairs])
     needles = [old for forms in wanted for old, _ in forms]
     found = {file: _offsets(file, needles) for file in files} if needles else {}
     patches = []

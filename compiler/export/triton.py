@@ -3,14 +3,19 @@ graph itself and the graph as `1/model.onnx`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ptc.compiler.export.onnx_graph import copy_onnx
+
+if TYPE_CHECKING:
+    import onnx
 
 TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 7: "TYPE_INT64", 6: "TYPE_INT32", 9: "TYPE_BOOL"}
 
 
-def _triton_tensors(values) -> str:
+def _triton_tensors(values: Iterable[onnx.ValueInfoProto]) -> str:
     blocks = []
     for value in values:
         tensor = value.type.tensor_type

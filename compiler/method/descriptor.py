@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Iterable
+
 import torch
+
+
+def summed(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The tensors added left to right, as `sum` adds them (a tensor, never the start value 0)."""
+    return functools.reduce(operator.add, tensors)
 
 
 def normalise(rows: torch.Tensor) -> torch.Tensor:
@@ -41,7 +50,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def relative_descriptor(
     utd: torch.Tensor, source_affinity: torch.Tensor, target_affinity: torch.Tensor
 ) -> torch.Tensor:
-    """Target-relative descriptor (beyond the paper): the source's fine-tuned affinities
+    """Target-relative descriptor: the source's fine-tuned affinities
     S_ft = UTD + S_pre(source), standardised by the source's pre-trained statistics on the grid
     and put in the target's scale, minus the target's own pre-trained affinities:
 
@@ -77,7 +86,7 @@ def centred(affinities: torch.Tensor) -> torch.Tensor:
 def agreement_weights(
     source_affinities: list[torch.Tensor], target_affinity: torch.Tensor
 ) -> list[float]:
-    """Label-free consensus weights (beyond the paper): each source's pre-trained affinities on
+    """Label-free consensus weights: each source's pre-trained affinities on
     the grid against the target's, as the cosine of their row-centred matrices, floored at
     AGREEMENT_FLOOR. A source that already reads the task's probes as the target does is one
     whose fine-tune corrections the target can use; one whose text tower cannot tell the
@@ -101,7 +110,7 @@ def agreement_weights(
 def consensus(
     descriptors: list[torch.Tensor], weights: list[float] | None = None, combine: str = "mean"
 ) -> torch.Tensor:
-    """One descriptor from several sources of the same grid (beyond the paper): if their
+    """One descriptor from several sources of the same grid: if their
     model-specific residuals are roughly independent, combining cancels part of them.
 
     - mean: sum_i c_i U_i with c = weights / sum(weights) (uniform by default);

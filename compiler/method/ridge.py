@@ -18,6 +18,7 @@ r = z (Phi = F, E = A); a SigLIP head edit has r = [u; 1] (E = [dW2 db2]).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -63,7 +64,7 @@ def edited_embeddings(
 
 
 @contextmanager
-def single_thread():
+def single_thread() -> Iterator[None]:
     """LAPACK's SVD of a few-hundred-wide matrix gains nothing from a second thread and, on a
     machine whose other cores are busy, its threads wait on each other: measured 2.6 s with one
     thread against 30 s with two. It runs on one, whatever torch's setting."""

@@ -22,20 +22,20 @@ import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ptc import __version__
 from ptc.errors import InputError, OutputError, PtcError
 from ptc.files import OUTPUT_MARKER, STAGING_MARKER, file_sha256, write_json_atomic
 
 if TYPE_CHECKING:  # `ptc verify` and `ptc diff` load no model and need no torch
+    from ptc.compiler.recipe.plan import Plan, PlannedTerm
     from ptc.targets.base import DualEncoder
 
 LOCK_FORMAT = 2
 LOCK_NAME = "ptc.lock"
-RUN_RECORD = (
-    "run.json"  # this run's timings and cache counts: the one file that differs between builds
-)
+# this run's timings and cache counts: the one file that differs between builds
+RUN_RECORD = "run.json"
 NOT_OUTPUTS = (LOCK_NAME, RUN_RECORD, OUTPUT_MARKER, STAGING_MARKER)
 # The distributions whose code writes an output's bytes (exporters, savers, tokenizers).
 LIBRARIES = (
@@ -58,11 +58,11 @@ class LockDrift(PtcError):
     """`--locked` found inputs that differ from the lock: one line per input."""
 
 
-def _canonical(value) -> bytes:
+def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def sha256_of(value) -> str:
+def sha256_of(value: Any) -> str:
     return hashlib.sha256(_canonical(value)).hexdigest()
 
 
@@ -76,7 +76,7 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def term_inputs(planned_term) -> dict:
+def term_inputs(planned_term: PlannedTerm) -> dict[str, Any]:
     """One term as its inputs: the task's grid, each source descriptor with what it was made from."""
     term = planned_term.term
     sources = [
@@ -100,7 +100,7 @@ def term_inputs(planned_term) -> dict:
     }
 
 
-def lock_inputs(plan, target: DualEncoder) -> dict:
+def lock_inputs(plan: Plan, target: DualEncoder) -> dict[str, Any]:
     """Everything that decides a build's bytes, read without building (the target is loaded to
     fingerprint its weights; nothing is embedded or solved)."""
     recipe = plan.recipe
@@ -204,7 +204,7 @@ def write_recipe_lock(path: Path, document: dict) -> None:
 
 
 # -- comparing ------------------------------------------------------------------------------------
-def _flat(value, path: str, out: dict) -> dict:
+def _flat(value: Any, path: str, out: dict[str, Any]) -> dict[str, Any]:
     """Leaves by readable path; terms are keyed by task/source, not by position, so that a
     reordered recipe reads as what it is and a changed weight names its term."""
     if isinstance(value, dict):
@@ -248,7 +248,7 @@ def describe(difference: dict) -> str:
     return f"{difference['path']}: {_short(a)} -> {_short(b)}"
 
 
-def _short(value) -> str:
+def _short(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     # hashes: a prefix says enough
     return text[:16] if isinstance(value, str) and len(value) == 64 else text

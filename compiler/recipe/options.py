@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ptc.compiler.bank.store import Bank, default_bank_dir
+
+if TYPE_CHECKING:  # torch: not imported by commands that only read the bank
+    from ptc.devices import Compute
 
 
 def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dict:
@@ -82,7 +86,7 @@ class Options:
     )
     progress: bool = True  # progress bars on stderr (tqdm hides them off a terminal); no flag
 
-    def compute(self):
+    def compute(self) -> Compute:
         from ptc.devices import Compute  # torch: not imported by commands that only read the bank
 
         return Compute(self.device, self.precision)

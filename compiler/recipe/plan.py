@@ -29,6 +29,13 @@ class PlannedTerm:
     descriptor: Entry | None
     weight: float
 
+    @property
+    def resolved(self) -> Entry:
+        """The descriptor the solve uses, once resolve_descriptors has filled it in."""
+        if self.descriptor is None:
+            raise RuntimeError(f"term {self.term.label}: descriptor read before it was resolved")
+        return self.descriptor
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -240,9 +247,12 @@ def _plan_controls(
     """The control grids `strength: auto` bounds: as listed, or every other registered task."""
     if recipe.strength.mode != "auto":
         return ()
-    names, implicit = recipe.strength.control, recipe.strength.control is None
-    if implicit:
-        names = tuple(n for n in bank.task_names() if n not in term_tasks)
+    implicit = recipe.strength.control is None
+    names = (
+        tuple(n for n in bank.task_names() if n not in term_tasks)
+        if recipe.strength.control is None
+        else recipe.strength.control
+    )
     controls = []
     for index, name in enumerate(names):
         field = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 
@@ -15,7 +15,10 @@ from ptc.errors import RecipeError
 from ptc.strict_yaml import PathText, load_yaml, validate
 
 MAX_ABS_WEIGHT = 100.0
-FORMATS = ("onnx", "safetensors")  # the default; "triton" is also accepted
+FORMATS: tuple[Literal["onnx", "safetensors", "triton"], ...] = (
+    "onnx",
+    "safetensors",
+)  # the default; "triton" is also accepted
 # The build routes, named once: compiler/edit/routes.py implements each as the function of that name.
 RouteName = Literal["closed_form", "adapter"]
 
@@ -33,7 +36,7 @@ def _finite(value: float) -> float:
 MAX_SOURCES = 16
 
 
-def _as_tuple(value):
+def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -58,7 +61,7 @@ class Term(_Strict):
 
     @pydantic.field_validator("source_weights", mode="before")
     @classmethod
-    def _weights_shape(cls, value):
+    def _weights_shape(cls, value: Any) -> Any:
         if isinstance(value, str) and value not in ("agreement", "uniform"):
             raise ValueError(
                 f"expected agreement, uniform or a list of positive numbers, not {value!r}"
@@ -67,7 +70,7 @@ class Term(_Strict):
 
     @pydantic.field_validator("source", mode="before")
     @classmethod
-    def _source_ids(cls, value):
+    def _source_ids(cls, value: Any) -> Any:
         ids = (value,) if isinstance(value, str) else _as_tuple(value)
         if not isinstance(ids, tuple) or not all(isinstance(i, str) for i in ids):
             raise ValueError("expected a descriptor id or a list of them")
@@ -86,14 +89,14 @@ class Term(_Strict):
 
     @pydantic.field_validator("source_weights", mode="after")
     @classmethod
-    def _source_weights(cls, value):
+    def _source_weights(cls, value: Any) -> Any:
         if isinstance(value, tuple) and not all(math.isfinite(w) and w > 0 for w in value):
             raise ValueError("expected positive finite numbers (they are normalised to sum to 1)")
         return value
 
     @pydantic.field_validator("weight", mode="before")
     @classmethod
-    def _weight(cls, value):
+    def _weight(cls, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError("expected a number")
         value = _finite(float(value))
@@ -105,7 +108,7 @@ class Term(_Strict):
         return value
 
     @pydantic.model_validator(mode="after")
-    def _consensus(self):
+    def _consensus(self) -> Term:
         if self.source_weights is not None:
             if isinstance(self.source_weights, str):
                 if self.combine == "median" and self.source_weights == "agreement":
@@ -143,7 +146,7 @@ class Term(_Strict):
         return "+".join(self.sources) + (" (relative)" if self.kind == "relative" else "")
 
 
-def _positive_finite(value):
+def _positive_finite(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("expected a number")
     value = _finite(float(value))
@@ -225,7 +228,7 @@ class Export(_Strict):
 
     @pydantic.field_validator("formats", "precision", mode="before")
     @classmethod
-    def _non_empty(cls, value, info):
+    def _non_empty(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
         if isinstance(value, list):
             if not value:
                 raise ValueError(f"expected a non-empty list for {info.field_name}")
@@ -233,7 +236,7 @@ class Export(_Strict):
         return value
 
     @pydantic.model_validator(mode="after")
-    def _needs_onnx(self):
+    def _needs_onnx(self) -> Export:
         if "onnx" not in self.formats and ("triton" in self.formats or "fp16" in self.precision):
             raise ValueError(
                 "'triton' and fp16 precision are made from the ONNX towers: add 'onnx' to formats"
@@ -263,12 +266,12 @@ class Recipe(_Strict):
 
     @pydantic.field_validator("terms", mode="before")
     @classmethod
-    def _terms(cls, value):
+    def _terms(cls, value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
 
     @pydantic.field_validator("strength", mode="before")
     @classmethod
-    def _strength_shorthand(cls, value):
+    def _strength_shorthand(cls, value: Any) -> Any:
         return {"mode": value} if isinstance(value, str) else value
 
 

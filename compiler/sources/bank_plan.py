@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pydantic
 
@@ -42,7 +45,7 @@ class PlanFile(_Strict):
 
     @pydantic.field_validator("ridge", mode="before")
     @classmethod
-    def _ridge(cls, value):
+    def _ridge(cls, value: Any) -> Any:
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
@@ -97,22 +100,22 @@ def check_references(plan: BankPlan) -> None:
     from ptc.compiler.sources.descriptor import check_finetuned
     from ptc.errors import PtcError
 
-    checks = [
-        (f"targets[{i}]", targets.check, (ref, plan.base_dir)) for i, ref in enumerate(plan.targets)
+    checks: list[tuple[str, Callable[[], str]]] = [
+        (f"targets[{i}]", partial(targets.check, ref, plan.base_dir))
+        for i, ref in enumerate(plan.targets)
     ]
     for i, source in enumerate(plan.sources):
-        checks.append((f"sources[{i}].pre", targets.check, (source.pre, plan.base_dir)))
+        checks.append((f"sources[{i}].pre", partial(targets.check, source.pre, plan.base_dir)))
         checks += [
             (
                 f"sources[{i}].finetuned.{task}",
-                check_finetuned,
-                (source.pre, finetuned, plan.base_dir),
+                partial(check_finetuned, source.pre, finetuned, plan.base_dir),
             )
             for task, finetuned in source.finetuned.items()
         ]
-    for field, check, args in checks:
+    for field, check in checks:
         try:
-            check(*args)
+            check()
         except PtcError as exc:
             raise PlanError(f"{plan.path}: {field}: {exc.message}", exc.hint) from None
 

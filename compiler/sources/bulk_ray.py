@@ -12,29 +12,30 @@ import os
 from collections import Counter
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ptc.compiler.bank.store import Bank, TaskRecord
 from ptc.compiler.edit.operators import check_operator, factors_record, operator_record
-from ptc.compiler.embed import ModelInfo, embedding_record, grid_embeddings
+from ptc.compiler.embed import GridEmbeddings, ModelInfo, embedding_record, grid_embeddings
 from ptc.compiler.method.ridge import GridFactors, factorize, solve_operator
 from ptc.compiler.sources.bulk import SourceSpec, same_source
 from ptc.compiler.sources.descriptor import check_pair, descriptor_record
 from ptc.devices import Compute
-from ptc.errors import PtcError
+from ptc.errors import BankError, PtcError
 from ptc.progress import Progress
+from ptc.targets.base import DualEncoder
 
-_WORKER_MODELS: dict[
-    tuple, object
-] = {}  # per worker process: models loaded once, reused by later tasks
+# per worker process: models loaded once, reused by later tasks
+_WORKER_MODELS: dict[tuple[str, str | None, str, Compute], DualEncoder] = {}
 
 # Fault injection for tests: the first task to see this marker path missing creates it and
 # dies abruptly, as a worker killed mid-job would; Ray then retries the task.
 CRASH_ONCE_ENV = "PTC_RAY_CRASH_ONCE"
 
 
-def _worker_model(ref: str, finetuned: str | None, base_dir: str, compute: Compute):
+def _worker_model(ref: str, finetuned: str | None, base_dir: str, compute: Compute) -> DualEncoder:
     from ptc import targets
     from ptc.compiler.sources.descriptor import load_finetuned
 
@@ -57,7 +58,7 @@ def _embed_job(
     threads: int,
     crash_marker: str | None,
     compute: Compute,
-):
+) -> tuple[ModelInfo, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None, Any]:
     """Forward passes of one (model, grid) pair unless the bank has them: (info, tensors or None)."""
     from ptc.compiler.embed import grid_forward, model_info
 
@@ -74,17 +75,21 @@ def _embed_job(
     return info, result, model.device
 
 
-def _factorize_job(inputs, class_rows, regressors, threads: int):
+def _factorize_job(
+    inputs: torch.Tensor, class_rows: torch.Tensor, regressors: torch.Tensor | None, threads: int
+) -> dict[str, torch.Tensor]:
     torch.set_num_threads(threads)
     return factorize(inputs, class_rows, regressors).as_tensors()
 
 
-def _solve_job(factor_tensors, descriptor, ridge: float, threads: int):
+def _solve_job(
+    factor_tensors: dict[str, torch.Tensor], descriptor: torch.Tensor, ridge: float, threads: int
+) -> torch.Tensor:
     torch.set_num_threads(threads)
     return solve_operator(GridFactors.from_tensors(factor_tensors), descriptor, ridge)
 
 
-def _gather(ray, refs: list, desc: str, progress: bool) -> list:
+def _gather(ray: Any, refs: list[Any], desc: str, progress: bool) -> list[Any]:
     """ray.get with a progress bar that advances as tasks finish, results in submission order."""
     pending = list(refs)
     with Progress(len(refs), desc, "tasks", progress) as bar:
@@ -94,7 +99,7 @@ def _gather(ray, refs: list, desc: str, progress: bool) -> list:
     return ray.get(refs)
 
 
-def _start(address: str):
+def _start(address: str) -> Any:
     try:
         import ray
     except ImportError:
@@ -154,14 +159,16 @@ def fill_bank_on_ray(
         "forward passes",
         progress,
     )
-    infos: dict[tuple, ModelInfo] = {}
+    infos: dict[tuple[str, str | None, str], ModelInfo] = {}
     for (ref, ft, name), (info, tensors, device) in zip(jobs, results):
         infos[(ref, ft, name)] = info
         if tensors is not None:
             rel = bank.embeddings_rel(info.key, records[name].grid_hash)
-            counts["embeddings_computed"] += bank.get_or_compute(
-                rel, partial(embedding_record, info, records[name], *tensors, device=device)
-            )[1]
+            inputs, prompts, regressors = tensors
+            record = partial(
+                embedding_record, info, records[name], inputs, prompts, regressors, device=device
+            )
+            counts["embeddings_computed"] += bank.get_or_compute(rel, record)[1]
     for s, name in todo:  # descriptors, in the in-process order
         task, pre, post = (
             records[name],
@@ -187,15 +194,24 @@ def fill_bank_on_ray(
     return counts
 
 
-def _embeddings(bank: Bank, info: ModelInfo, task: TaskRecord):
-    return grid_embeddings(
-        bank.read_entry(bank.embeddings_rel(info.key, task.grid_hash)), task, False
-    )
+def _embeddings(bank: Bank, info: ModelInfo, task: TaskRecord) -> GridEmbeddings:
+    entry = bank.read_entry(bank.embeddings_rel(info.key, task.grid_hash))
+    if entry is None:  # every (model, grid) pair was embedded above, before any descriptor
+        raise BankError(f"bank {bank.root}: the embeddings of {info.ref} on {task.name} vanished")
+    return grid_embeddings(entry, task, False)
 
 
 def _target_solves(
-    ray, bank, target_refs, task_names, records, infos, ridge, threads, progress
-) -> Counter:
+    ray: Any,
+    bank: Bank,
+    target_refs: list[str],
+    task_names: list[str],
+    records: dict[str, TaskRecord],
+    infos: dict[tuple[str, str | None, str], ModelInfo],
+    ridge: float,
+    threads: int,
+    progress: bool,
+) -> Counter[str]:
     counts: Counter = Counter()
     factorize_remote, solve_remote = (
         ray.remote(max_retries=3)(_factorize_job),
@@ -221,7 +237,10 @@ def _target_solves(
     solves = []
     for ref, name in pairs:
         info, task = infos[(ref, None, name)], records[name]
-        factors = bank.read_entry(bank.factors_rel(info.key, task.grid_hash)).tensors
+        factors_entry = bank.read_entry(bank.factors_rel(info.key, task.grid_hash))
+        if factors_entry is None:  # every missing pair was factorized above
+            raise BankError(f"bank {bank.root}: the factors of {info.ref} on {task.name} vanished")
+        factors = factors_entry.tensors
         for descriptor_id in bank.descriptor_ids(name):
             descriptor = bank.descriptor(name, descriptor_id)
             rel = bank.operator_rel(info.key, task.grid_hash, descriptor.sha256, ridge)

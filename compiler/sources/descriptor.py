@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from ptc import targets
 from ptc.compiler.bank.store import Bank, Entry, TaskRecord
@@ -20,18 +23,16 @@ from ptc.errors import ModelError
 from ptc.targets.base import DualEncoder
 
 
-def _finetuned_ref(
-    source_ref: str, finetuned: str, base_dir: Path
-) -> tuple[Path | None, str | None]:
-    """How a fine-tune is named: (a peft adapter folder, None) or (None, a model reference); a
+def _finetuned_ref(source_ref: str, finetuned: str, base_dir: Path) -> Path | str:
+    """How a fine-tune is named: a peft adapter folder (a Path) or a model reference (a str); a
     bare full-checkpoint folder reads with the source's scheme."""
     path = (base_dir / finetuned).expanduser()
     if path.is_dir() and (path / "adapter_config.json").is_file():
-        return path.resolve(), None
+        return path.resolve()
     if ":" in finetuned and finetuned.split(":", 1)[0] in targets.SCHEMES:
-        return None, finetuned
+        return finetuned
     scheme, _ = targets.split_ref(source_ref)
-    return None, f"{scheme}:{finetuned}"
+    return f"{scheme}:{finetuned}"
 
 
 def load_finetuned(
@@ -39,18 +40,20 @@ def load_finetuned(
 ) -> DualEncoder:
     """A peft adapter folder (merged into a copy of `source`), a scheme reference, or a bare
     full-checkpoint folder (read with the source's scheme); placed as `compute` says."""
-    adapter, ref = _finetuned_ref(source.ref, finetuned, base_dir)
-    return compute.place(source.with_adapter(adapter) if adapter else targets.load(ref, base_dir))
+    ref = _finetuned_ref(source.ref, finetuned, base_dir)
+    if isinstance(ref, Path):
+        return compute.place(source.with_adapter(ref))
+    return compute.place(targets.load(ref, base_dir))
 
 
 def check_finetuned(source_ref: str, finetuned: str, base_dir: Path) -> str:
     """Resolve a fine-tune the way load_finetuned reads it, loading no weights."""
     from ptc.targets.shipped_code import refuse_unsafe_adapter
 
-    adapter, ref = _finetuned_ref(source_ref, finetuned, base_dir)
-    if adapter:
-        refuse_unsafe_adapter(adapter, source_ref)
-        return str(adapter)
+    ref = _finetuned_ref(source_ref, finetuned, base_dir)
+    if isinstance(ref, Path):
+        refuse_unsafe_adapter(ref, source_ref)
+        return str(ref)
     return targets.check(ref, base_dir)
 
 
@@ -81,7 +84,7 @@ def descriptor_record(
     finetuned: ModelInfo,
     pre: GridEmbeddings,
     post: GridEmbeddings,
-):
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, meta) of a descriptor; one definition for every executor. Beside UTD the entry
     keeps the source's own pre-trained affinities S_pre on the grid: with them a target can
     read the source's fine-tuned affinities (UTD + S_pre), which `kind: relative` needs."""
@@ -114,7 +117,7 @@ def add_descriptor(
     base_dir: Path = Path("."),
     batch_size: int = 64,
     progress: bool = True,
-    source=None,
+    source: DualEncoder | None = None,
     compute: Compute = Compute(),
 ) -> Entry:
     """Embed the task's grid with the source and its fine-tune and store UTD = S_ft - S_pre.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ def finetune_lora(
     module = attach_lora(encoder, rank, alpha, seed, device, dropout)
     generator = torch.Generator().manual_seed(seed)
 
-    def step_loss(_step):
+    def step_loss(_step: int) -> tuple[torch.Tensor, dict[str, Any]]:
         batch = torch.randint(len(labels), (min(batch_size, len(labels)),), generator=generator).to(
             device
         )

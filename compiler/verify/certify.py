@@ -1,4 +1,4 @@
-"""The composition certificate (beyond the paper): which predictions of a composed model are
+"""The composition certificate: which predictions of a composed model are
 guaranteed to be those of the model edited by one task's terms alone, without labels.
 
 For an input x, task T's single-task model (target + T's terms) embeds f_T(x) (normalised)
@@ -24,7 +24,7 @@ import torch
 
 from ptc import targets
 from ptc.compiler.embed import embed_probe_files_for_edit
-from ptc.compiler.method.descriptor import class_embeddings, normalise
+from ptc.compiler.method.descriptor import class_embeddings, normalise, summed
 from ptc.compiler.method.ridge import edited_embeddings
 from ptc.compiler.recipe.lock import RUN_RECORD
 from ptc.compiler.tasks.grid import PROBE_SUFFIXES, TaskSpec, probe_files
@@ -199,6 +199,6 @@ def certify_output(
         target, input_files(data), batch_size, f"certify {task}", progress
     )
     figures = certificate(
-        z, r, rows, task_edits(record["terms"], edits)[task], sum(e.double() for e in edits)
+        z, r, rows, task_edits(record["terms"], edits)[task], summed(e.double() for e in edits)
     )
     return {"task": task, "data": str(Path(data).resolve()), **figures}

@@ -3,10 +3,15 @@ figure; `require` turns a figure over its tolerance into a VerifyError that name
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ptc.compiler.method.descriptor import summed
 from ptc.compiler.method.ridge import GridFactors, edited_embeddings, solve_operator
 from ptc.errors import VerifyError
+
+# What a figure compares: torch tensors, or the arrays onnxruntime returns.
+ArrayLike = torch.Tensor | np.ndarray
 
 LINEARITY_COEFFICIENTS = (1.0, -1.5, 1.0)  # U1 - 1.5 U2 + U3, as in the paper's check
 
@@ -34,7 +39,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / max(float(b.norm()), 1e-300))
 
 
-def max_abs_difference(a, b) -> float:
+def max_abs_difference(a: ArrayLike, b: ArrayLike) -> float:
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
     if a.shape != b.shape:
         raise VerifyError(
@@ -59,11 +64,11 @@ def linearity(
     """Relative Frobenius difference between A(sum c_i U_i) and sum c_i A(U_i): in float64,
     and with the per-term operators rounded to float32 as the bank stores them."""
     triple = linearity_triple(descriptors)
-    combined = sum(c * u for c, u in zip(LINEARITY_COEFFICIENTS, triple))
+    combined = summed(c * u for c, u in zip(LINEARITY_COEFFICIENTS, triple))
     of_combination = solve_operator(factors, combined, ridge)
     operators = [solve_operator(factors, u, ridge) for u in triple]
-    combination_fp64 = sum(c * a for c, a in zip(LINEARITY_COEFFICIENTS, operators))
-    combination_fp32 = sum(
+    combination_fp64 = summed(c * a for c, a in zip(LINEARITY_COEFFICIENTS, operators))
+    combination_fp32 = summed(
         c * a.float().double() for c, a in zip(LINEARITY_COEFFICIENTS, operators)
     )
     return {

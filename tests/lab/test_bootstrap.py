@@ -11,9 +11,8 @@ import pytest
 from ptc.lab.zoo import report
 from ptc.lab.zoo.bootstrap import Score, mean_over, mean_score, resample_weights, with_intervals
 
-MANY = (
-    20000  # resamples: the bootstrap's own spread of a standard deviation is ~1/sqrt(2 MANY) = 0.5%
-)
+# resamples: the bootstrap's own spread of a standard deviation is ~1/sqrt(2 MANY) = 0.5%
+MANY = 20000
 
 
 def _classes(sizes, rates, seed=0):
