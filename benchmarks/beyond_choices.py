@@ -1,4 +1,4 @@
-"""The defaults issue #8's features ship with, each chosen on the zoo's labelled TRAIN split
+"""The defaults of ptc's additions to the paper, each chosen on the zoo's labelled TRAIN split
 (never test) by the experiment printed here:
 
 - the relative descriptor's statistics (whole grid, per class or per probe): retention;

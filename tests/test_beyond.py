@@ -1,4 +1,4 @@
-"""Beyond the paper (issue #8): consensus and target-relative descriptors, label-free
+"""What ptc adds to the paper: consensus and target-relative descriptors, label-free
 strengths and the composition certificate, each checked against an independent computation
 and through real builds on the tiny world."""
 

@@ -1,6 +1,6 @@
 """One grammar for the command line: every flag of every command (the lab's plugged-in ones
 included) is the one in the table (compiler/cli/flags.py; the lab's own in lab/cli.py), with the
-same help wherever it appears, and the README's table lists each."""
+same help wherever it appears, and docs/cli.md's table lists each."""
 
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ def test_every_command_takes_the_common_flags_and_results_print_as_json():
     }
 
 
-def test_the_readme_grammar_table_lists_every_product_flag_with_its_help():
-    readme = (REPO / "README.md").read_text()
+def test_the_cli_page_lists_every_product_flag_with_its_help():
+    page = (REPO / "docs" / "cli.md").read_text()
     for name, text in flags().items():
-        assert f"| `{name}` | {text} |" in readme, name
+        assert f"| `{name}` | {text} |" in page, name
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -203,7 +203,7 @@ def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it
 
 
 def test_listing_a_banks_tasks_imports_no_torch(world):
-    """`ptc task list` reads JSON records only: it once took 2 s and 660 MB importing torch."""
+    """`ptc task list` reads JSON records only: importing torch would cost it 2 s and 660 MB."""
     result = _python(
         "-X", "importtime", "-m", "ptc.compiler.cli", "task", "list", "--bank", str(world.bank)
     )

@@ -60,3 +60,23 @@ def test_the_worked_example_runs_as_written(tmp_path):
     assert (tmp_path / "recipes/example.lock").is_file() and (
         tmp_path / "example-bank/bank.json"
     ).is_file()
+
+
+def test_every_page_the_readme_and_docs_link_to_exists():
+    """The README points at docs/, lab/README.md and benchmarks/README.md for the rest; a moved
+    or renamed page must not leave a dead link, nor a path in backquotes that no longer is."""
+    import re
+
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    dead = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#]+)\)", text):
+            if not (page.parent / target).exists():
+                dead.append(f"{page.name}: {target}")
+        for path in re.findall(
+            r"`((?:compiler|targets|ptc|lab|benchmarks|recipes|bin|docs)/[\w./-]+)`", text
+        ):
+            if not (REPO / path).exists():
+                dead.append(f"{page.name}: {path}")
+    assert dead == []

@@ -266,7 +266,7 @@ def test_bank_verify_detects_a_flipped_bit_in_any_file(world, tmp_path):
     assert Bank(bank).verify_all()[1] == []
 
 
-# -- round two (issue 35): entries bound to their keys ------------------------------------------------
+# -- entries bound to their keys ------------------------------------------------
 def _swap(a: Path, b: Path) -> None:
     data_a, data_b = a.read_bytes(), b.read_bytes()
     a.write_bytes(data_b)

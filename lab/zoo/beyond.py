@@ -1,4 +1,4 @@
-"""`ptc paper`'s beyond-the-paper experiments (issue #8), on held-out test splits: consensus
+"""`ptc paper`'s experiments on what ptc adds to the paper, on held-out test splits: consensus
 descriptors, target-relative descriptors, label-free strength and the composition certificate.
 
 Every edit goes through the code a recipe runs: descriptor.consensus and relative_descriptor

@@ -283,7 +283,7 @@ def composition_markdown(composition: dict, paper: dict) -> list[str]:
 
 
 def beyond_markdown(results: dict) -> list[str]:
-    """Issue #8's section: consensus, relative descriptors, auto strength, the certificate."""
+    """The report's section on what ptc adds to the paper: consensus, relative descriptors, auto strength, the certificate."""
     b, c = results["beyond"], results["certify"]
     per = b["per_seed"]
     lines = ["## Beyond the paper", "",

@@ -59,7 +59,7 @@ TASKS = {
 CONTROL_TASKS = ("background",)
 # In-distribution variants: the same attribute, classes and prompts, with every split drawn in
 # the plain style pretraining saw (no shift). They measure what a method does where a linear
-# edit has little headroom (issue #8 reports the relative descriptor on both kinds).
+# edit has little headroom (`ptc paper` reports the relative descriptor on both kinds).
 IN_DISTRIBUTION = {"colour-plain": "colour", "count-plain": "count", "quadrant-plain": "quadrant"}
 INPUT_KEY = "image"  # what captions.jsonl calls a pretraining input
 
