@@ -18,11 +18,11 @@ import click
 
 from ptc import __version__
 from ptc.compiler.cli.flags import Decorator, flag
-from ptc.devices import Compute
 from ptc.errors import PtcError, condensed, library_hint, library_of
 
-if TYPE_CHECKING:  # the bank is imported where a command opens it
+if TYPE_CHECKING:  # imported where a command uses them: `ptc task list` imports no torch
     from ptc.compiler.bank.store import Bank
+    from ptc.devices import Compute
 
 
 def options(*names: str) -> Decorator:
@@ -64,6 +64,8 @@ def _flag(name: str, definition: Field[Any]) -> Decorator:
 
 def _compute(device: str, precision: str) -> Compute:
     """--device and --precision, the device checked here (a missing one is exit 2, before loading)."""
+    from ptc.devices import Compute
+
     compute = Compute(device, precision)
     compute.resolved()
     return compute
