@@ -31,7 +31,7 @@ class GridEmbeddings:
     class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
     computed: bool  # False when it came from the bank's cache
     regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
-    made_by: dict | None = None  # the device and precision of the passes that made it
+    made_by: dict[str, str] | None = None  # the device and precision of the passes that made it
 
 
 @dataclass(frozen=True)

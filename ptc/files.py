@@ -87,7 +87,7 @@ def write_bytes_atomic(path: Path, data: bytes, scratch: Path | None = None) -> 
         handle.write(data)
 
 
-def safetensors_header(handle: BinaryIO, size: int) -> dict:
+def safetensors_header(handle: BinaryIO, size: int) -> dict[str, Any]:
     """The JSON header of a safetensors stream of `size` bytes (a little-endian u64 length, then
     the header), leaving the handle at the first data byte; ValueError when truncated.
     safetensors' own API reads the metadata but not the data offsets, which a header rewrite

@@ -144,7 +144,7 @@ class Trainable(Protocol):
     adapts (the attention q and v projections where it has them) and how to run a copy."""
 
     # peft LoraConfig targeting keywords: target_modules and/or target_parameters
-    lora_targets: dict
+    lora_targets: dict[str, Any]
     contrastive_loss: str  # how the family was pre-trained: "softmax" (CLIP) or "sigmoid" (SigLIP)
 
     def trainable(self) -> torch.nn.Module:

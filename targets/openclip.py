@@ -66,7 +66,7 @@ class _TextTower(torch.nn.Module):
         return self.model.encode_text(input_ids)
 
 
-def _resolve(rest: str, base_dir: Path) -> tuple[dict, Path, str]:
+def _resolve(rest: str, base_dir: Path) -> tuple[dict[str, Any], Path, str]:
     """(open_clip config with model_cfg and preprocess_cfg, weights file, where it looked)."""
     import open_clip
 

@@ -63,7 +63,7 @@ def refuse_shipped_code(folder: Path, ref: str) -> None:
             )
 
 
-def refuse_foreign_towers(model_cfg: dict, where: str, ref: str) -> None:
+def refuse_foreign_towers(model_cfg: dict[str, Any], where: str, ref: str) -> None:
     """An open_clip model_cfg whose towers load weights or code from outside its checkpoint."""
     for tower in ("vision_cfg", "text_cfg"):
         cfg = model_cfg.get(tower) or {}

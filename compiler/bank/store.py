@@ -62,7 +62,7 @@ class Entry:
 
     path: Path
     tensors: dict[str, torch.Tensor]
-    meta: dict
+    meta: dict[str, Any]
     sha256: str
 
 
@@ -84,7 +84,7 @@ class TaskRecord:
         return self.spec.prompts
 
 
-def _sealed(record: dict) -> dict:
+def _sealed(record: dict[str, Any]) -> dict[str, Any]:
     """The record with `record_sha256` over its canonical JSON: any changed byte shows."""
     body = {k: v for k, v in record.items() if k != "record_sha256"}
     return {
@@ -93,7 +93,7 @@ def _sealed(record: dict) -> dict:
     }
 
 
-def _seal_intact(record: dict) -> bool:
+def _seal_intact(record: dict[str, Any]) -> bool:
     return isinstance(record, dict) and _sealed(record).get("record_sha256") == record.get(
         "record_sha256"
     )
@@ -162,7 +162,9 @@ class Bank:
         if not marker.exists():
             write_json_atomic(marker, {"format": "ptc-bank", "version": BANK_FORMAT}, self.scratch)
 
-    def write_entry(self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+    def write_entry(
+        self, relpath: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+    ) -> Entry:
         import safetensors.torch
 
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
@@ -356,7 +358,7 @@ class Bank:
         return sorted(p.stem for p in (self.root / "descriptors" / task).glob("*.safetensors"))
 
     def put_descriptor(
-        self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict
+        self, task: str, descriptor_id: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
     ) -> Entry:
         """`tensors` holds "utd" (N x M) and, from ptc 0.2 on, "source_affinity" (the source's S_pre)."""
         return self.write_entry(self._descriptor_rel(task, descriptor_id), tensors, meta)
@@ -449,7 +451,7 @@ class Bank:
             if not p.name.startswith(".") and SCRATCH not in p.relative_to(self.root).parts
         ]
 
-    def entry_record(self, relpath: str) -> dict:
+    def entry_record(self, relpath: str) -> dict[str, Any]:
         """An entry's sealed record, read off its header alone (no tensor read, nothing checked:
         `verify_all` checks); {"unreadable": why} for a file that is not an entry ptc wrote."""
         path = self.root / relpath

@@ -18,14 +18,15 @@ from ptc.compiler.embed import model_info
 from ptc.compiler.export.card import model_card
 from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
 from ptc.compiler.export.fp16 import fp16_variant
-from ptc.compiler.export.onnx_graph import interface
-from ptc.compiler.export.onnx_run import min_row_cosine, run_onnx
+from ptc.compiler.export.onnx_graph import Interface, interface
+from ptc.compiler.export.onnx_run import ProviderRun, min_row_cosine, run_onnx
 from ptc.compiler.export.stamp import stamp_safetensors
 from ptc.compiler.export.tower_cache import write_tower
 from ptc.compiler.export.triton import write_triton_model
 from ptc.compiler.recipe.lock import (
     LOCK_NAME,
     RUN_RECORD,
+    LockDocument,
     describe,
     differences,
     lock_document,
@@ -36,7 +37,7 @@ from ptc.compiler.recipe.lock import (
     write_recipe_lock,
 )
 from ptc.compiler.recipe.options import Options
-from ptc.compiler.recipe.plan import Plan
+from ptc.compiler.recipe.plan import Plan, TermRecord
 from ptc.compiler.verify.certify import TERMS_FILE, write_terms
 from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
 from ptc.errors import OutputError, VerifyError, library_errors
@@ -53,10 +54,10 @@ class TowerExport:
     """One tower written, run and compared: its figures and the files it added."""
 
     diff: float
-    provider: dict[str, Any]
+    provider: ProviderRun
     cosines: list[float] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    interfaces: dict[str, Any] = field(default_factory=dict)
+    interfaces: dict[str, Interface] = field(default_factory=dict)
     triton_models: list[str] = field(default_factory=list)
 
 
@@ -65,7 +66,7 @@ class Written:
     """A build written in place: its report and the lock it wrote."""
 
     report: BuildReport
-    lock: dict[str, Any]
+    lock: LockDocument
 
 
 def provenance_of(plan: Plan, lock_inputs: dict[str, Any]) -> dict[str, str]:
@@ -132,16 +133,24 @@ def _hashes(staging: Path) -> dict[str, str]:
 
 def lock_derived(edited: EditedModel, report: BuildReport) -> dict[str, Any]:
     """The lock's `derived` section: what the build computed that decides the output's bytes."""
-    keys = ("task", "source", "weight", "operator_sha256")
+    operators = [
+        {
+            "task": t["task"],
+            "source": t["source"],
+            "weight": t["weight"],
+            "operator_sha256": t["operator_sha256"],
+        }
+        for t in report.terms
+    ]
     return {
         "route": edited.plan.recipe.route,
         **edited.edit.lock,
-        "operators": [{k: t[k] for k in keys} for t in report.terms],
+        "operators": operators,
         "embeddings": report.embeddings,
     }
 
 
-def update_recipe_lock(plan: Plan, document: dict[str, Any]) -> dict[str, Any]:
+def update_recipe_lock(plan: Plan, document: LockDocument) -> dict[str, Any]:
     """The recipe's lock follows its last build: written, or updated with what changed said."""
     path = recipe_lock_path(plan.recipe_path)
     before = previous_lock(path)
@@ -159,7 +168,7 @@ def update_recipe_lock(plan: Plan, document: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(path), "state": state, "changes": changes}
 
 
-def terms_file_record(plan: Plan, target: Family, terms: list[dict[str, Any]]) -> dict[str, Any]:
+def terms_file_record(plan: Plan, target: Family, terms: list[TermRecord]) -> dict[str, Any]:
     tasks = {
         pt.task.name: {"classes": list(pt.task.classes), "templates": list(pt.task.templates)}
         for pt in plan.terms

@@ -13,7 +13,9 @@ from ptc import __version__
 from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
 from ptc.compiler.edit.routes import Edit, Run
 from ptc.compiler.recipe.lock import sha256_of
-from ptc.compiler.recipe.plan import Plan
+from ptc.compiler.recipe.plan import Plan, TermRecord
+from ptc.compiler.verify.certify import Certificate
+from ptc.compiler.verify.evaluate import HeldOut
 
 
 @dataclass
@@ -50,27 +52,28 @@ class BuildReport:
     ptc_version: str
     recipe: str  # the recipe file's name
     route: str
-    target: dict  # ref and fingerprints
+    target: dict[str, Any]  # ref and fingerprints
     native_ref: str | None  # how the native checkpoint reloads ("hf:model"), if written
     embed_dim: int
-    terms: list[dict]  # each term: task, source(s), weights, hashes, residual
-    route_report: dict  # what the route adds (the adapter's training; SigLIP's reference)
-    verify: dict  # linearity, equivalence, descriptor residuals, tolerances
-    strength: dict
-    certificate: dict
-    evaluation: dict  # held-out zero-shot accuracy before and after, per task
+    terms: list[TermRecord]
+    route_report: dict[str, Any]  # what the route adds (the adapter's training; SigLIP's reference)
+    verify: dict[str, Any]  # linearity, equivalence, descriptor residuals, tolerances
+    strength: dict[str, Any]
+    certificate: dict[str, Certificate]
+    evaluation: dict[str, HeldOut]  # held-out zero-shot accuracy before and after, per task
     lock_hash: str
     formats: list[str]
     precision: list[str]
     triton_models: list[str]
     onnx_files: list[str]
-    onnx_interface: dict  # per graph: its inputs' and outputs' names, dtypes and shapes
-    embeddings: dict  # per grid: the device and precision that made the target's embeddings
-    run: dict = field(default_factory=dict)  # run.json: cache counts, timings, peak RSS
-    recipe_lock: dict | None = None  # what the build did to RECIPE.lock
+    onnx_interface: dict[str, Any]  # per graph: its inputs' and outputs' names, dtypes and shapes
+    # per grid: the device and precision that made the target's embeddings
+    embeddings: dict[str, dict[str, str] | None]
+    run: dict[str, Any] = field(default_factory=dict)  # run.json: cache counts, timings, peak RSS
+    recipe_lock: dict[str, Any] | None = None  # what the build did to RECIPE.lock
     out_dir: Path | None = None  # where it was written; None with --no-export
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """report.json's content."""
         return {
             "ptc_version": self.ptc_version,
@@ -205,7 +208,7 @@ def build_report(
     )
 
 
-def term_records(plan: Plan, edit: Edit, residuals: dict[str, float]) -> list[dict[str, Any]]:
+def term_records(plan: Plan, edit: Edit, residuals: dict[str, float]) -> list[TermRecord]:
     """Each term as the report and the lock record it: its sources, weights and hashes."""
     return [
         {

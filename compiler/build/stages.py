@@ -26,9 +26,9 @@ from ptc.compiler.recipe.lock import (
 )
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.plan import Plan
-from ptc.compiler.verify.certify import certificate, input_files, task_edits
+from ptc.compiler.verify.certify import Certificate, certificate, input_files, task_edits
 from ptc.compiler.verify.checks import descriptor_residual, require
-from ptc.compiler.verify.evaluate import zero_shot_accuracy
+from ptc.compiler.verify.evaluate import HeldOut, zero_shot_accuracy
 from ptc.devices import CPU, on_device, place
 from ptc.targets.base import DualEncoder, Family
 
@@ -66,8 +66,8 @@ class CheckedEdit:
     the held-out zero-shot accuracy, per task."""
 
     residuals: dict[str, float]
-    certified: dict[str, dict[str, Any]]
-    evaluation: dict[str, dict[str, Any]]
+    certified: dict[str, Certificate]
+    evaluation: dict[str, HeldOut]
 
 
 def load_target(plan: Plan, options: Options, run: Run) -> Target:
@@ -191,9 +191,9 @@ def certify(
     grids: dict[str, GridEmbeddings],
     edit: Edit,
     options: Options,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Certificate]:
     """verify.certify: the composition certificate per task, failing on a certified change."""
-    figures: dict[str, dict[str, Any]] = {}
+    figures: dict[str, Certificate] = {}
     if not plan.certifications:
         return figures
     if edit.term_edits is None:  # the plan refuses verify.certify on a route without them
@@ -218,10 +218,10 @@ def certify(
 
 def evaluate(
     plan: Plan, target: DualEncoder, edited: DualEncoder, options: Options
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, HeldOut]:
     """Held-out zero-shot accuracy of the target and of the edited model (the one exported)."""
     term_tasks = {pt.task.name for pt in plan.terms}
-    figures = {}
+    figures: dict[str, HeldOut] = {}
     for task, folder in plan.evaluations:
         before, after = (
             zero_shot_accuracy(model, task, folder, options.batch_size, options.progress)[

@@ -23,7 +23,7 @@ def _size(paths: Iterable[Path]) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def describe(bank: Bank) -> dict:
+def describe(bank: Bank) -> dict[str, Any]:
     """Per task its grid and descriptors (with their source and fine-tune), and per kind of
     cache the entries' count and bytes, grouped by the model they belong to. Every entry is
     placed by its own record (kind, task, model), not by where it lies."""
@@ -96,7 +96,7 @@ def _mb(count: int) -> str:
     return f"{count / 1e6:.1f} MB" if count >= 1e5 else f"{count / 1e3:.1f} kB"
 
 
-def lines(shown: dict) -> list[str]:
+def lines(shown: dict[str, Any]) -> list[str]:
     out = [f"bank {shown['bank']}: {_mb(shown['bytes'])}", ""]
     rows = [("TASK", "GRID", "HASH", "DESCRIPTOR", "SOURCE", "FINE-TUNE", "NORM")]
     for task in shown["tasks"]:

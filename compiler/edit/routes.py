@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 from safetensors.torch import load_file
@@ -78,8 +78,8 @@ class Edit:
     grid_inputs: dict[str, torch.Tensor]
     check_outputs: torch.Tensor  # the edited model's embeddings of the check batch, computed once
     torch_max_abs_diff: float
-    report: dict
-    lock: dict
+    report: dict[str, Any]
+    lock: dict[str, Any]
     term_hashes: list[str | None]
     card: str
     # per-term signed edits (closed form): the certificate's input
@@ -95,7 +95,7 @@ def grid_goals(plan: Plan, grids: dict[str, GridEmbeddings]) -> dict[str, torch.
     return goals
 
 
-def _linearity(plan: Plan, factors: dict[str, GridFactors], ridge: float) -> dict:
+def _linearity(plan: Plan, factors: dict[str, GridFactors], ridge: float) -> dict[str, Any]:
     """Per task grid: the terms' descriptors, then more of that task from the bank, three in all."""
     per_task = {}
     for name, grid_factors in factors.items():
@@ -116,7 +116,7 @@ def _linearity(plan: Plan, factors: dict[str, GridFactors], ridge: float) -> dic
 
 def _embedding_operator_reference(
     plan: Plan, grids: dict[str, GridEmbeddings], ridge: float
-) -> dict | None:
+) -> dict[str, Any] | None:
     """Where the edit acts through other rows than z (a residual pooling head), the paper reads
     it against the same solve as a d x d operator applied outside the model, which no weight
     edit of that architecture realizes: its descriptor residual per grid, reported only."""

@@ -71,7 +71,7 @@ def choose_strengths(
     controls: dict[str, GridEmbeddings],
     ridge: float,
     config: Strength,
-) -> dict:
+) -> dict[str, Any]:
     """terms: (task, descriptor, sign) per term. Returns the signed weights and why."""
     count = len(terms)
     gram = torch.zeros(count, count, dtype=torch.float64)
@@ -119,7 +119,7 @@ def choose_strengths(
                 )
     magnitudes = nonnegative_least_squares(gram, rhs).clamp(max=config.max_weight)
 
-    def figures(m: torch.Tensor) -> dict:
+    def figures(m: torch.Tensor) -> dict[str, Any]:
         held = {}
         for g in term_tasks:
             residual = sum(

@@ -3,14 +3,18 @@ verified, the held-out evaluation and how to load each format."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ptc import __version__
 from ptc.compiler.export.card_plot import PLOT_NAME
+from ptc.compiler.recipe.plan import TermRecord
+from ptc.compiler.verify.evaluate import HeldOut
 from ptc.targets.base import Exportable
 
 
-def _interface_table(interfaces: dict) -> str:
+def _interface_table(interfaces: dict[str, Any]) -> str:
     """Each graph's inputs and outputs as a deployer needs them. A text graph whose sequence axis
     is a number takes prompts padded to exactly that many tokens (padding="max_length"); one
     whose axis is named takes any length, padded to the longest in the batch."""
@@ -32,7 +36,11 @@ def _interface_table(interfaces: dict) -> str:
 
 
 def model_card(
-    encoder: Exportable, target_ref: str, edit: str, terms: list[dict], report: dict
+    encoder: Exportable,
+    target_ref: str,
+    edit: str,
+    terms: list[TermRecord],
+    report: dict[str, Any],
 ) -> str:
     """The output's README.md: a Hugging Face model card (huggingface_hub's ModelCard), whose
     `base_model` is the Hub id the target came from (none for a local folder) and whose
@@ -117,7 +125,7 @@ their metadata). Outputs: {", ".join(report["formats"])}; precision: {", ".join(
     )
 
 
-def _eval_results(evaluation: dict[str, dict], task_type: str) -> list[EvalResult]:
+def _eval_results(evaluation: dict[str, HeldOut], task_type: str) -> list[EvalResult]:
     """The card's model-index: per evaluated task, top-1 accuracy after the edit and before it."""
     return [
         EvalResult(
@@ -127,14 +135,14 @@ def _eval_results(evaluation: dict[str, dict], task_type: str) -> list[EvalResul
             dataset_split="held-out",
             metric_type="accuracy",
             metric_name=f"top-1 accuracy {when} ({f['role']})",
-            metric_value=round(f[key], 6),
+            metric_value=round(value, 6),
         )
         for task, f in evaluation.items()
-        for when, key in (("after the edit", "after"), ("zero-shot", "before"))
+        for when, value in (("after the edit", f["after"]), ("zero-shot", f["before"]))
     ]
 
 
-def _evaluation_table(evaluation: dict[str, dict]) -> str:
+def _evaluation_table(evaluation: dict[str, HeldOut]) -> str:
     rows = "\n".join(
         f"| {task} | {f['role']} | {f['before']:.3f} | {f['after']:.3f} | {f['delta_points']:+.1f} |"
         for task, f in evaluation.items()

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import io
 
+from ptc.compiler.recipe.plan import TermRecord
+from ptc.compiler.verify.evaluate import HeldOut
+
 PLOT_NAME = "evaluation.png"
 
 
-def evaluation_png(evaluation: dict[str, dict], terms: list[dict]) -> bytes:
+def evaluation_png(evaluation: dict[str, HeldOut], terms: list[TermRecord]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")

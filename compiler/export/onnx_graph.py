@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -144,7 +144,20 @@ def onnx_files(path: Path) -> list[Path]:
     return [path, data] if data.is_file() else [path]
 
 
-def interface(path: Path) -> dict:
+class TensorSpec(TypedDict):
+    """One input or output of a graph: a fixed axis is an int, a dynamic one its name."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+class Interface(TypedDict):
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+def interface(path: Path) -> Interface:
     """What a deployer feeds a graph and gets back, read off the graph itself: each input's and
     output's name, dtype and shape (an int for a fixed axis, the axis's name for a dynamic one)."""
     import onnx
@@ -152,7 +165,7 @@ def interface(path: Path) -> dict:
 
     graph = onnx.load(str(path), load_external_data=False).graph
 
-    def described(values: Iterable[onnx.ValueInfoProto]) -> list[dict[str, Any]]:
+    def described(values: Iterable[onnx.ValueInfoProto]) -> list[TensorSpec]:
         return [
             {
                 "name": v.name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -11,7 +12,15 @@ from ptc.compiler.verify.checks import ArrayLike
 from ptc.finite import require_finite
 
 
-def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, dict]:
+class ProviderRun(TypedDict):
+    """Which onnxruntime provider a run asked for and which one ran (CUDA falls back silently)."""
+
+    requested: str
+    ran: str
+    fell_back: bool
+
+
+def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, ProviderRun]:
     """Run an exported tower with onnxruntime on the best provider installed; return its output
     and which provider was asked for and which one actually ran (a CUDA provider that could
     not start falls back to CPU silently, so both are reported)."""

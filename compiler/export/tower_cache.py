@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -183,7 +184,12 @@ def _offsets(path: Path, needles: list[bytes], chunk: int = 64 << 20) -> dict[by
 
 
 def write_tower(
-    bank: Bank, model_key: str, base: OnnxTower, edited: OnnxTower, path: Path, provenance: dict
+    bank: Bank,
+    model_key: str,
+    base: OnnxTower,
+    edited: OnnxTower,
+    path: Path,
+    provenance: dict[str, Any],
 ) -> str:
     """The edited tower's graph at `path`, with provenance in its metadata, written once; returns
     how: "reused" (nothing changed), "patched" (changed bytes replaced) or "exported" (fresh).
@@ -216,7 +222,7 @@ def write_tower(
     return "patched" if patches else "reused"
 
 
-def _metadata_message(provenance: dict) -> bytes:
+def _metadata_message(provenance: dict[str, Any]) -> bytes:
     import onnx
 
     message = onnx.ModelProto()
@@ -224,7 +230,7 @@ def _metadata_message(provenance: dict) -> bytes:
     return message.SerializeToString()
 
 
-def _export_fresh(tower: OnnxTower, path: Path, provenance: dict) -> None:
+def _export_fresh(tower: OnnxTower, path: Path, provenance: dict[str, Any]) -> None:
     export_onnx(tower, path)
     with open(path, "ab") as handle:
         handle.write(_metadata_message(provenance))

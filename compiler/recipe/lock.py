@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ptc import __version__
 from ptc.errors import InputError, OutputError, PtcError
@@ -122,8 +123,32 @@ def lock_inputs(plan: Plan, target: DualEncoder) -> dict[str, Any]:
     }
 
 
-def lock_document(inputs: dict, edit: dict | None = None, outputs: dict | None = None) -> dict:
-    document = {
+class LockDocument(TypedDict, total=False):
+    """A lock: what a build read (`inputs`), derived (`edit`) and wrote (`outputs`), sealed."""
+
+    format: str
+    version: int
+    inputs: dict[str, Any]
+    lock_hash: str
+    edit: dict[str, Any]
+    outputs: dict[str, str]  # output file -> sha256
+    seal: str
+
+
+class Difference(TypedDict):
+    """One leaf that differs between two locks: its dotted path, and each side (None: absent)."""
+
+    path: str
+    a: Any
+    b: Any
+
+
+def lock_document(
+    inputs: dict[str, Any],
+    edit: dict[str, Any] | None = None,
+    outputs: dict[str, str] | None = None,
+) -> LockDocument:
+    document: LockDocument = {
         "format": "ptc-lock",
         "version": LOCK_FORMAT,
         "inputs": inputs,
@@ -136,7 +161,7 @@ def lock_document(inputs: dict, edit: dict | None = None, outputs: dict | None =
     return {**document, "seal": sha256_of(document)}
 
 
-def read_lock(path: Path) -> dict:
+def read_lock(path: Path) -> LockDocument:
     """A lock, checked whole: format, seal and lock hash; anything else is one clear error."""
     path = Path(path)
     try:
@@ -166,7 +191,7 @@ def read_lock(path: Path) -> dict:
             f"{path}: the lock was modified (its seal does not match its content)",
             "write it again with `ptc lock RECIPE`, or restore it from version control",
         )
-    return document
+    return cast(LockDocument, document)
 
 
 def recipe_lock_path(recipe_path: Path) -> Path:
@@ -189,7 +214,7 @@ def refuse_foreign_lock(path: Path) -> None:
         )
 
 
-def previous_lock(path: Path) -> dict | None:
+def previous_lock(path: Path) -> LockDocument | None:
     """The recipe's current lock, if it has a readable one (a damaged ptc lock is replaced)."""
     refuse_foreign_lock(path)
     try:
@@ -198,7 +223,7 @@ def previous_lock(path: Path) -> dict | None:
         return None
 
 
-def write_recipe_lock(path: Path, document: dict) -> None:
+def write_recipe_lock(path: Path, document: LockDocument) -> None:
     refuse_foreign_lock(path)
     write_json_atomic(path, document)
 
@@ -229,7 +254,7 @@ def _flat(value: Any, path: str, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def differences(a: dict, b: dict) -> list[dict]:
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
     """Every leaf that differs between two documents: {path, a, b} (None where absent)."""
     left, right = _flat(a, "", {}), _flat(b, "", {})
     return [
@@ -239,7 +264,7 @@ def differences(a: dict, b: dict) -> list[dict]:
     ]
 
 
-def describe(difference: dict) -> str:
+def describe(difference: Difference) -> str:
     a, b = difference["a"], difference["b"]
     if a is None:
         return f"{difference['path']}: added ({_short(b)})"
@@ -254,7 +279,7 @@ def _short(value: Any) -> str:
     return text[:16] if isinstance(value, str) and len(value) == 64 else text
 
 
-def check_locked(lock_path: Path, inputs: dict) -> None:
+def check_locked(lock_path: Path, inputs: dict[str, Any]) -> None:
     """LockDrift, one line per drifted input, naming it and both values, unless `inputs` are
     exactly the lock's."""
     locked = read_lock(lock_path)["inputs"]
@@ -298,7 +323,7 @@ def verify_output(out: Path, lock_path: Path | None = None) -> tuple[int, list[s
     return len(recorded), problems + _report_problems(out, lock)
 
 
-def _report_problems(out: Path, lock: dict) -> list[str]:
+def _report_problems(out: Path, lock: LockDocument) -> list[str]:
     """The report's figures against its own tolerances, and its lock hash against the lock's."""
     from ptc.files import read_json_file
 
@@ -331,7 +356,7 @@ def _report_problems(out: Path, lock: dict) -> list[str]:
     return problems
 
 
-def load_lock_or_output(path: Path) -> dict:
+def load_lock_or_output(path: Path) -> LockDocument:
     """`ptc diff` takes a lock file or an output folder (its ptc.lock)."""
     path = Path(path)
     return read_lock(path / LOCK_NAME if path.is_dir() else path)

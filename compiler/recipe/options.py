@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ptc.compiler.bank.store import Bank, default_bank_dir
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch: not imported by commands that only read the bank
     from ptc.devices import Compute
 
 
-def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dict:
+def _flag(flag: str, kind: str, help: str, choices: tuple[str, ...] = ()) -> dict[str, Any]:
     """kind: "path", "count" (an integer >= 1), "text", "choice" (one of `choices`), "switch" (on
     when given), "negated" (off when given)."""
     return {"flag": flag, "kind": kind, "help": help, "choices": choices}
@@ -95,6 +95,6 @@ class Options:
         return Bank(self.bank or recipe_bank or default_bank_dir())
 
 
-def option_fields() -> dict:
+def option_fields() -> dict[str, Any]:
     """The Options fields that have a flag, by name."""
     return {f.name: f for f in fields(Options) if "flag" in f.metadata}

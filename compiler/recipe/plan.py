@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ptc import targets
 from ptc.compiler.bank.store import Bank, Entry, TaskRecord
@@ -14,6 +15,25 @@ from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.schema import Recipe, Term, load_recipe
 from ptc.errors import BankError, OutputError, PtcError, RecipeError
 from ptc.files import check_output_location, check_replaceable
+
+
+class TermRecord(TypedDict):
+    """A built term as report.json and the model card record it."""
+
+    task: str
+    source: str  # its label: the descriptor id, `a+b` for a consensus, "(relative)" marked
+    weight: float  # the strength applied
+    written_weight: float  # the recipe's
+    kind: str
+    sources: list[str]
+    combine: str | None
+    weighting: str | None  # None: one source, or a median
+    source_weights: list[float] | None
+    grid_hash: str
+    descriptor_sha256: str
+    source_descriptor_sha256: list[str]
+    operator_sha256: str | None  # the closed form's cached operator; None for the adapter
+    grid_residual: float
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def finetune_lora(
     device: torch.device | None = None,
     echo: Callable[[str], None] | None = None,
     base_ref: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Train a LoRA on the task's labelled files and save it as a peft adapter in `out_dir`.
     The adapter's config names `base_ref` (default: the encoder's reference) as its base model,
     not whatever folder the library happened to load it from. `dropout` (peft's lora_dropout,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, TypedDict
 
 import safetensors.torch
 import torch
@@ -38,13 +39,25 @@ TERMS_FILE = "terms.safetensors"
 SAFETY = 1e-9
 
 
+class Certificate(TypedDict):
+    """One task's composition certificate over a folder of inputs."""
+
+    inputs: int
+    certified: int
+    certified_fraction: float
+    changed: int
+    certified_changed: int  # a build fails unless this is 0
+    median_margin: float
+    median_bound: float
+
+
 def certificate(
     inputs: torch.Tensor,
     regressors: torch.Tensor | None,
     class_rows: torch.Tensor,
     task_edit: torch.Tensor,
     full_edit: torch.Tensor,
-) -> dict:
+) -> Certificate:
     """Certified fraction and changes for one task, from the unedited target's (z, R)."""
     rows = class_rows.double()
     single = normalise(edited_embeddings(inputs, regressors, task_edit))
@@ -69,7 +82,7 @@ def certificate(
     }
 
 
-def task_edits(terms: list[dict], edits: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+def task_edits(terms: list[dict[str, Any]], edits: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per task: the sum of its terms' signed edits."""
     per_task: dict[str, torch.Tensor] = {}
     for term, edit in zip(terms, edits):
@@ -78,7 +91,11 @@ def task_edits(terms: list[dict], edits: list[torch.Tensor]) -> dict[str, torch.
 
 
 def write_terms(
-    path: Path, edits: list[torch.Tensor], terms: list[dict], tasks: dict[str, dict], target: dict
+    path: Path,
+    edits: list[torch.Tensor],
+    terms: list[dict[str, Any]],
+    tasks: dict[str, dict[str, Any]],
+    target: dict[str, Any],
 ) -> None:
     """The per-term signed edits w_l A_l (float64) and what certify needs to rebuild the rest."""
     tensors = {f"term_{i}": e.double().contiguous() for i, e in enumerate(edits)}
@@ -92,7 +109,7 @@ def write_terms(
     )
 
 
-def read_terms(out_dir: Path) -> tuple[dict, list[torch.Tensor]]:
+def read_terms(out_dir: Path) -> tuple[dict[str, Any], list[torch.Tensor]]:
     path = Path(out_dir) / TERMS_FILE
     if not path.is_file():
         raise OutputError(
@@ -131,7 +148,7 @@ def input_files(folder: Path) -> list[Path]:
     return files
 
 
-def _target_base_dir(out_dir: Path, where: dict) -> Path:
+def _target_base_dir(out_dir: Path, where: dict[str, Any]) -> Path:
     """The folder the build resolved its target's reference from: run.json's record, relative to
     the output first (the tree moved whole), then absolute; older outputs kept it in the terms
     record (relative to the output, or absolute)."""
@@ -162,7 +179,7 @@ def certify_output(
     batch_size: int = 64,
     progress: bool = True,
     compute: Compute = Compute(),
-) -> dict:
+) -> dict[str, Any]:
     """`ptc certify OUT --data DIR`: the certificate of a built output on a folder of inputs."""
     out_dir = Path(out_dir)
     record, edits = read_terms(out_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -15,6 +16,29 @@ from ptc.devices import Compute, autocast
 from ptc.errors import InputError
 from ptc.files import read_json_file
 from ptc.targets.base import DualEncoder
+
+
+class Accuracy(TypedDict):
+    """Zero-shot top-1 accuracy of a model on a task's labelled folder."""
+
+    task: str
+    accuracy: float
+    correct: int
+    total: int
+    per_class: dict[str, float]
+
+
+class ModelAccuracy(Accuracy):
+    model: str  # the reference or output folder evaluated
+
+
+class HeldOut(TypedDict):
+    """A build's held-out evaluation of one task: the target's accuracy and the edit's."""
+
+    before: float
+    after: float
+    delta_points: float
+    role: str  # "term" or "held out"
 
 
 def resolve_model(model: str) -> tuple[str, Path]:
@@ -62,7 +86,7 @@ def zero_shot_accuracy(
     data_dir: Path,
     batch_size: int = 64,
     progress: bool = True,
-) -> dict:
+) -> Accuracy:
     pairs = labelled_files(data_dir, task.classes)
     correct, labels = zero_shot_correct(encoder, task, pairs, batch_size, progress)
     per_class = {
@@ -86,7 +110,7 @@ def evaluate(
     batch_size: int = 64,
     progress: bool = True,
     compute: Compute = Compute(),
-) -> dict:
+) -> ModelAccuracy:
     ref, base = resolve_model(model)
     encoder = compute.place(targets.load(ref, base))
     return {"model": model, **zero_shot_accuracy(encoder, task, data_dir, batch_size, progress)}
