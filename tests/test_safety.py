@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, write_recipe
 from ptc.compiler.bank.store import Bank
-from ptc.files import remove_stale_staging
+from ptc.output_dirs import remove_stale_staging
 
 # -- forbidden calls ------------------------------------------------------------------------------
 SAFE_YAML_LOADERS = {"_StrictLoader", "SafeLoader", "yaml.SafeLoader", "CSafeLoader"}
@@ -411,7 +411,8 @@ def test_force_replaces_a_ptc_output_only_while_everything_in_it_is_ptcs(world, 
 
 
 def test_clean_up_removes_only_what_ptc_created(tmp_path):
-    from ptc.files import STAGING_MARKER, remove_stale_staging, remove_stale_temporaries
+    from ptc.files import remove_stale_temporaries
+    from ptc.output_dirs import STAGING_MARKER, remove_stale_staging
 
     dead = 999_999_999  # no such process
     users = tmp_path / f".out.{dead}.abc.partial"  # matches the pattern, but is a user's folder

@@ -187,7 +187,8 @@ def test_shipped_files_are_readable_by_the_server_user_as_the_umask_allows(shipp
 
 
 def test_atomic_writes_follow_the_umask(tmp_path):
-    from ptc.files import staged_directory, write_bytes_atomic
+    from ptc.files import write_bytes_atomic
+    from ptc.output_dirs import staged_directory
 
     previous = os.umask(0o027)
     try:

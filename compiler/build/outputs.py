@@ -41,7 +41,8 @@ from ptc.compiler.recipe.plan import Plan, TermRecord
 from ptc.compiler.verify.certify import TERMS_FILE, write_terms
 from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
 from ptc.errors import OutputError, VerifyError, library_errors
-from ptc.files import file_sha256, staged_directory, write_bytes_atomic, write_json_atomic
+from ptc.files import file_sha256, write_bytes_atomic, write_json_atomic
+from ptc.output_dirs import staged_directory
 from ptc.targets.base import Exportable, Family, OnnxTower, batch_rows
 
 # The reload is checked end to end on a few of the check inputs and prompts (weights, config,

@@ -683,7 +683,7 @@ def finetune(
     from ptc import targets
     from ptc.compiler.sources.finetune import finetune_lora
     from ptc.errors import OutputError
-    from ptc.files import check_output_location, check_replaceable
+    from ptc.output_dirs import check_output_location, check_replaceable
     from ptc.progress import note
 
     if out is None:

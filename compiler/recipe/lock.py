@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ptc import __version__
 from ptc.errors import InputError, OutputError, PtcError
-from ptc.files import OUTPUT_MARKER, STAGING_MARKER, file_sha256, write_json_atomic
+from ptc.files import file_sha256, write_json_atomic
+from ptc.output_dirs import OUTPUT_MARKER, STAGING_MARKER
 
 if TYPE_CHECKING:  # `ptc verify` and `ptc diff` load no model and need no torch
     from ptc.compiler.recipe.plan import Plan, PlannedTerm

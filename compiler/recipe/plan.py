@@ -14,7 +14,7 @@ from ptc.compiler.embed import check_grid_unchanged
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.schema import Recipe, Term, load_recipe
 from ptc.errors import BankError, OutputError, PtcError, RecipeError
-from ptc.files import check_output_location, check_replaceable
+from ptc.output_dirs import check_output_location, check_replaceable
 
 
 class TermRecord(TypedDict):

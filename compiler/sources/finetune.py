@@ -15,7 +15,7 @@ from ptc.compiler.edit.lora import attach_lora, train
 from ptc.compiler.method.descriptor import class_embeddings, normalise
 from ptc.compiler.tasks.labelled import labelled_files
 from ptc.devices import device_label, resolve_device
-from ptc.files import staged_directory
+from ptc.output_dirs import staged_directory
 from ptc.targets.base import Family, batch_rows, batch_to
 
 LOGIT_SCALE = 30.0

@@ -31,7 +31,8 @@ from ptc.compiler.method.descriptor import class_embeddings, normalise
 from ptc.errors import InputError
 from ptc.compiler.verify.evaluate import zero_shot_accuracy
 from ptc.compiler.sources.finetune import finetune_lora
-from ptc.files import staged_directory, write_json_atomic
+from ptc.files import write_json_atomic
+from ptc.output_dirs import staged_directory
 from ptc.compiler.tasks.grid import load_task
 from ptc.compiler.sources.descriptor import add_descriptor
 from ptc.lab.zoo.pretrain import pretrain

@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 
 from ptc.errors import InputError
-from ptc.files import staged_directory, write_bytes_atomic, write_json_atomic
+from ptc.files import write_bytes_atomic, write_json_atomic
+from ptc.output_dirs import staged_directory
 from ptc.lab.zoo.build import INDEX, WORLD_FIELDS, built_index
 
 SAME_WORLD = ("profile", *WORLD_FIELDS)  # index fields both zoos must share
