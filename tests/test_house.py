@@ -182,12 +182,12 @@ def _commands(group, prefix="ptc"):
 
 
 def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it():
-    """compiler/recipe/options.py defines each run option once (flag, help); no product command
+    """compiler/cli/flags.py defines each run option's flag once (flag, help); no product command
     spells one of those flags by hand."""
+    from ptc.compiler.cli.flags import RUN_OPTIONS
     from ptc.compiler.cli.main import main
-    from ptc.compiler.recipe.options import option_fields
 
-    defined = {f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()}
+    defined = {option.flag: option.help for option in RUN_OPTIONS.values()}
     seen = []
     for path, command in _commands(main):
         if not command.callback.__module__.startswith("ptc.compiler"):
@@ -200,6 +200,17 @@ def test_every_product_command_takes_a_run_option_by_the_one_flag_defined_for_it
         p for p, _ in seen
     }
     assert ("ptc build", "--batch-size") in seen and ("ptc finetune", "--force") in seen
+
+
+def test_every_run_option_but_progress_has_exactly_one_flag():
+    from dataclasses import fields
+
+    from ptc.compiler.cli.flags import RUN_OPTIONS
+    from ptc.compiler.recipe.options import Options
+
+    assert set(RUN_OPTIONS) == {f.name for f in fields(Options)} - {"progress"}
+    spelled = [option.flag for option in RUN_OPTIONS.values()]
+    assert len(spelled) == len(set(spelled))
 
 
 def test_listing_a_banks_tasks_imports_no_torch(world):

@@ -1,22 +1,73 @@
-"""The command line's one grammar: every flag any `ptc` command takes, with the one help text
-it has wherever it appears. The run options (--bank, --out, --device, ...) are defined with
-their defaults in options.py and read from there; the rest are here. cli.py builds every flag
-from this table (`flag`), plugins' commands included, and a test holds every command to it, so
-the same thing is the same flag, said the same way, in every command."""
+"""The command line's one grammar: every flag any `ptc` command takes, defined once here with
+the one help text it has wherever it appears: the run options' flags (`RUN_OPTIONS`, each
+setting a field of recipe.options.Options, whose default it shows) and the rest (`ARGUMENTS`).
+main.py builds every command's flags from this module, plugins' commands included, and a
+test holds every command to it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from ptc.compiler.recipe.options import option_fields
-
 # What click's option decorators are: a command's callback in, the same callback out.
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-# flag -> help. A model is always a reference with its scheme (hf:DIR, hf:org/name,
+
+@dataclass(frozen=True)
+class RunFlag:
+    """The flag that sets one run option (a field of recipe.options.Options)."""
+
+    flag: str
+    # "path", "count" (an integer >= 1), "text", "choice" (one of `choices`), "switch" (on
+    # when given), "negated" (off when given)
+    kind: str
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+# Options field -> its flag; the default is the field's.
+RUN_OPTIONS = {
+    "bank": RunFlag(
+        "--bank",
+        "path",
+        "Bank folder (default: the recipe's `bank:` where there is a recipe, else $PTC_BANK, "
+        "else ~/.cache/ptc/bank).",
+    ),
+    "out": RunFlag(
+        "--out",
+        "path",
+        "Where the command writes its output (for a recipe, this overrides its export.out).",
+    ),
+    "force": RunFlag(
+        "--force",
+        "switch",
+        "Replace an output folder that ptc wrote (never one holding anything else).",
+    ),
+    "batch_size": RunFlag("--batch-size", "count", "Inputs per forward pass."),
+    "export": RunFlag("--no-export", "negated", "Solve, fold and verify in torch; write nothing."),
+    "locked": RunFlag(
+        "--locked",
+        "switch",
+        "Refuse (exit 2) when any input differs from RECIPE's lock (RECIPE.lock); never update it.",
+    ),
+    "device": RunFlag(
+        "--device",
+        "text",
+        "Where forward passes run: auto (a GPU when there is one), cpu, cuda or cuda:N. "
+        "Verification and export run on the CPU.",
+    ),
+    "precision": RunFlag(
+        "--precision",
+        "choice",
+        "Precision of embedding passes; bf16 and fp16 entries are cached apart from fp32.",
+        ("fp32", "bf16", "fp16"),
+    ),
+}
+
+# The other flags: flag -> help. A model is always a reference with its scheme (hf:DIR, hf:org/name,
 # open_clip:local-dir:DIR); a fine-tune, an adapter or a build output may be a bare folder.
 ARGUMENTS = {
     "--task": "A task, by the name it is registered under in the bank (`ptc task list`).",
@@ -44,7 +95,7 @@ ARGUMENTS = {
 def flags() -> dict[str, str]:
     """Every flag of the product's commands and its help: the run options' and the arguments'."""
     return {
-        **{f.metadata["flag"]: f.metadata["help"] for f in option_fields().values()},
+        **{option.flag: option.help for option in RUN_OPTIONS.values()},
         **ARGUMENTS,
     }
 

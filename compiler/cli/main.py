@@ -9,7 +9,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import Field
+from dataclasses import fields
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ptc import __version__
-from ptc.compiler.cli.flags import Decorator, flag
+from ptc.compiler.cli.flags import RUN_OPTIONS, Decorator, RunFlag, flag
 from ptc.errors import PtcError, condensed, library_hint, library_of
 
 if TYPE_CHECKING:  # imported where a command uses them: `ptc task list` imports no torch
@@ -26,39 +26,38 @@ if TYPE_CHECKING:  # imported where a command uses them: `ptc task list` imports
 
 
 def options(*names: str) -> Decorator:
-    """The flags of these run options (compiler/recipe/options.py defines each once: flag, default,
-    help), passed to the command under their field names."""
-    from ptc.compiler.recipe.options import option_fields
+    """The flags of these run options (flags.RUN_OPTIONS; the defaults are Options'), passed to
+    the command under their field names."""
+    from ptc.compiler.recipe.options import Options
 
-    defined = option_fields()
+    defaults = {f.name: f.default for f in fields(Options)}
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for name in reversed(names):
-            command = _flag(name, defined[name])(command)
+            command = _flag(name, RUN_OPTIONS[name], defaults[name])(command)
         return command
 
     return decorate
 
 
-def _flag(name: str, definition: Field[Any]) -> Decorator:
-    meta, default = definition.metadata, definition.default
-    if meta["kind"] == "negated":  # --no-export sets export=False
-        return click.option(meta["flag"], name, flag_value=False, default=True, help=meta["help"])
-    if meta["kind"] == "switch":
-        return click.option(meta["flag"], name, is_flag=True, help=meta["help"])
+def _flag(name: str, option: RunFlag, default: Any) -> Decorator:
+    if option.kind == "negated":  # --no-export sets export=False
+        return click.option(option.flag, name, flag_value=False, default=True, help=option.help)
+    if option.kind == "switch":
+        return click.option(option.flag, name, is_flag=True, help=option.help)
     kind = {
         "path": click.Path(path_type=Path),
         "count": click.IntRange(min=1),
         "text": str,
-        "choice": click.Choice(meta["choices"]),
-    }[meta["kind"]]
+        "choice": click.Choice(option.choices),
+    }[option.kind]
     return click.option(
-        meta["flag"],
+        option.flag,
         name,
         type=kind,
         default=default,
         show_default=default is not None,
-        help=meta["help"],
+        help=option.help,
     )
 
 
