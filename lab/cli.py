@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
+from ptc.compiler.cli.app import JSON_FLAG, handled  # the product's one-line error handling
 from ptc.compiler.cli.flags import flag as product_flag
-from ptc.compiler.cli.main import JSON_FLAG, handled  # the product's one-line error handling
 
 # The lab's own flags, with the one help each has in every lab command (the product's table,
 # compiler/cli/flags.py, holds the flags both share: --out, --steps, --json).
