@@ -12,6 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pydantic
 
@@ -37,12 +38,15 @@ AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
 
+ClassName = Annotated[str, pydantic.StringConstraints(min_length=1)]
+
+
 class TaskFile(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
 
     name: str = pydantic.Field(pattern=NAME_PATTERN)
     probes: PathText | list[PathText] = pydantic.Field(min_length=1)
-    classes: list[pydantic.constr(min_length=1)] = pydantic.Field(min_length=2)  # type: ignore[valid-type]
+    classes: list[ClassName] = pydantic.Field(min_length=2)
     templates: list[str] = pydantic.Field(default=list(DEFAULT_TEMPLATES), min_length=1)
 
     @pydantic.field_validator("classes")
