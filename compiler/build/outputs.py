@@ -13,7 +13,7 @@ import torch
 from ptc import __version__, targets
 from ptc.compiler.build.report import BuildReport, Exported, build_report, run_record
 from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
-from ptc.compiler.edit.routes import Check, Edit, Run
+from ptc.compiler.edit.routes import Run
 from ptc.compiler.embed import model_info
 from ptc.compiler.export.card import model_card
 from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
@@ -43,7 +43,7 @@ from ptc.compiler.verify.checks import max_abs_difference, require, require_at_l
 from ptc.errors import OutputError, VerifyError, library_errors
 from ptc.files import file_sha256, write_bytes_atomic, write_json_atomic
 from ptc.output_dirs import staged_directory
-from ptc.targets.base import Exportable, Family, OnnxTower, batch_rows
+from ptc.targets.base import Family, OnnxTower, batch_rows
 
 # The reload is checked end to end on a few of the check inputs and prompts (weights, config,
 # tokenizer); its preprocessing on all of them. The edited model's own figures are the route's.
@@ -60,6 +60,21 @@ class TowerExport:
     files: list[str] = field(default_factory=list)
     interfaces: dict[str, Interface] = field(default_factory=dict)
     triton_models: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What every exporter writes with: the checked edit, the staging folder, the provenance
+    every written file carries, and the run's timings and counts."""
+
+    edited: EditedModel
+    folder: Path
+    provenance: dict[str, str]
+    run: Run
+
+    @property
+    def plan(self) -> Plan:
+        return self.edited.plan
 
 
 @dataclass(frozen=True)
@@ -90,15 +105,15 @@ def write_output(
     if plan.out_dir is None:  # execute refuses an export without one before any stage runs
         raise RuntimeError("write_output needs the plan's output directory")
     try:
-        with staged_directory(plan.out_dir, replace=options.force) as staging:
-            provenance = provenance_of(plan, target.lock_inputs)
-            exported = export_and_verify(target, edited, staging, provenance, run)
+        with staged_directory(plan.out_dir, replace=options.force) as folder:
+            staging = Staging(edited, folder, provenance_of(plan, target.lock_inputs), run)
+            exported = export_and_verify(target, staging)
             report = build_report(target, edited, checked, exported)
-            _write_files(target, edited, checked, report, staging)
-            lock = lock_document(target.lock_inputs, lock_derived(edited, report), _hashes(staging))
-            write_json_atomic(staging / LOCK_NAME, lock)
+            _write_files(target, edited, checked, report, folder)
+            lock = lock_document(target.lock_inputs, lock_derived(edited, report), _hashes(folder))
+            write_json_atomic(folder / LOCK_NAME, lock)
             report.run = run_record(run, plan)
-            write_json_atomic(staging / RUN_RECORD, report.run)
+            write_json_atomic(folder / RUN_RECORD, report.run)
     except FileExistsError:
         raise OutputError(
             f"output directory {plan.out_dir} appeared during the build",
@@ -180,34 +195,25 @@ def terms_file_record(plan: Plan, target: Family, terms: list[TermRecord]) -> di
     return {"terms": terms, "tasks": tasks, "target": where}
 
 
-def export_and_verify(
-    target: Target, edited: EditedModel, staging: Path, provenance: dict[str, str], run: Run
-) -> Exported:
-    plan, edit = edited.plan, edited.edit
+def export_and_verify(target: Target, staging: Staging) -> Exported:
     exported = Exported(written=True)
-    if "safetensors" in plan.recipe.export.formats:
-        export_native(plan, edit, edited.check, staging, provenance, run, exported)
-    if "onnx" in plan.recipe.export.formats:
-        export_onnx_towers(plan, target, edit, edited.check, staging, provenance, run, exported)
+    formats = staging.plan.recipe.export.formats
+    if "safetensors" in formats:
+        export_native(staging, exported)
+    if "onnx" in formats:
+        export_onnx_towers(staging, target.model, exported)
     return exported
 
 
-def export_native(
-    plan: Plan,
-    edit: Edit,
-    check: Check,
-    staging: Path,
-    provenance: dict[str, str],
-    run: Run,
-    exported: Exported,
-) -> None:
+def export_native(staging: Staging, exported: Exported) -> None:
     """The edited checkpoint in the family's own format, reloaded and compared."""
-    edited = edit.edited
+    plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
+    edited, folder = edit.edited, staging.folder / "model"
     with run.stage("export_native"):
-        scheme = edited.save_native(staging / "model")
-        stamp_safetensors(staging / "model", provenance)
+        scheme = edited.save_native(folder)
+        stamp_safetensors(folder, staging.provenance)
     with run.stage("verify_reload"):
-        reloaded = targets.load(f"{scheme}:{staging / 'model'}")
+        reloaded = targets.load(f"{scheme}:{folder}")
         batch = reloaded.load_inputs(check.paths)
         if any(not torch.equal(batch[name], check.batch[name]) for name in check.batch):
             raise VerifyError(
@@ -225,34 +231,20 @@ def export_native(
     exported.native_ref = f"{scheme}:model"
 
 
-def export_onnx_towers(
-    plan: Plan,
-    target: Target,
-    edit: Edit,
-    check: Check,
-    staging: Path,
-    provenance: dict[str, str],
-    run: Run,
-    exported: Exported,
-) -> None:
+def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> None:
     """Every tower as ONNX (and fp16, and Triton, as the recipe asks), each run and compared."""
-    verify, model = plan.recipe.verify, target.model
-    assert isinstance(model, Exportable)
+    plan, edit, verify = staging.plan, staging.edited.edit, staging.plan.recipe.verify
     # the export cache is one per model, whatever the precision
     weights_key = model_info(model).weights_key
     towers: list[TowerExport] = []
     for index, (base, tower) in enumerate(zip(model.onnx_towers(), edit.edited.onnx_towers())):
-        path = staging / "onnx" / f"{tower.name}.onnx"
+        path = staging.folder / "onnx" / f"{tower.name}.onnx"
         hint = (
             "nothing was written; the graph or its cached base in the bank is damaged: "
             f"run `ptc bank verify --bank {plan.bank.root}`"
         )
         with library_errors(f"ONNX tower {tower.name}", hint, OutputError):
-            towers.append(
-                export_onnx_tower(
-                    plan, index, base, tower, edit, check, path, provenance, run, weights_key
-                )
-            )
+            towers.append(export_onnx_tower(staging, index, base, tower, path, weights_key))
     diff = max(t.diff for t in towers)
     exported.onnx_max_abs_diff = require("onnx_max_abs_diff", diff, verify.equivalence_atol)
     provider = towers[-1].provider
@@ -271,19 +263,11 @@ def export_onnx_towers(
 
 
 def export_onnx_tower(
-    plan: Plan,
-    index: int,
-    base: OnnxTower,
-    tower: OnnxTower,
-    edit: Edit,
-    check: Check,
-    path: Path,
-    provenance: dict[str, str],
-    run: Run,
-    weights_key: str,
+    staging: Staging, index: int, base: OnnxTower, tower: OnnxTower, path: Path, weights_key: str
 ) -> TowerExport:
     """One tower written, run and compared, with its fp16 variant and Triton models as asked."""
-    export = plan.recipe.export
+    plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
+    provenance, export = staging.provenance, plan.recipe.export
     with run.stage("export_onnx"):
         fp32 = {**provenance, "ptc_precision": "fp32"}
         how = write_tower(plan.bank, weights_key, base, tower, path, fp32)
