@@ -17,6 +17,7 @@ import torch
 from typing_extensions import Self
 
 from ptc.errors import ModelError, ModelNotFound, library_errors
+from ptc.files import write_bytes_atomic
 from ptc.targets import HF_MODEL_TYPES, register_scheme
 from ptc.targets.base import Batch, Family, OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
 from ptc.targets.checkpoint import (
@@ -316,6 +317,7 @@ class HFDualEncoder(OnDevice):
         self.model.save_pretrained(folder)
         save_tokenizer(self.tokenizer, folder)
         self.processor.save_pretrained(folder)
+        state_text_limit(folder, self.max_length)
         return "hf"
 
 
@@ -328,6 +330,20 @@ class _TextTower(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.text_embedding(self.model, input_ids, attention_mask)
+
+
+def state_text_limit(folder: Path, context: int) -> None:
+    """The model's text context, where every reader of a checkpoint folder looks for a text
+    limit. transformers 4.x gives a config without a top-level `max_length` the generation
+    default of 20, and servers that take it as the text limit cut every prompt there; a
+    tokenizer saved without `model_max_length` says 1e30, and a prompt past the context then
+    crashes the model in sentence-transformers instead of being truncated."""
+    for name, key in (("config.json", "max_length"), ("tokenizer_config.json", "model_max_length")):
+        path = folder / name
+        document = json.loads(path.read_text(encoding="utf-8"))
+        document[key] = context
+        text = json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def save_tokenizer(tokenizer: Any, folder: Path) -> None:

@@ -549,3 +549,28 @@ def test_an_image_target_names_the_audio_probe_it_cannot_read(audio_world, world
     result = run_ptc("build", recipe)
     assert result.returncode == 2 and "cannot read as an image" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", ["hf-clip", "hf-siglip", "hf-siglip2", "hf-clap"])
+def test_a_saved_checkpoint_states_its_text_context_where_readers_look(family, tmp_path):
+    """transformers 4.x reads a config without a top-level max_length as the generation default
+    of 20, which HF-folder servers take as the text limit; sentence-transformers truncates at the
+    tokenizer's model_max_length. Both must say the model's own context, and a longer prompt is
+    cut there, as the original model cuts it."""
+    from transformers import AutoTokenizer
+
+    build, scheme = FAMILIES[family][:2]
+    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
+    encoder.save_native(tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    tokenizer_config = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
+    assert config["max_length"] == tokenizer_config["model_max_length"] == encoder.max_length
+    assert encoder.max_length <= config["text_config"]["max_position_embeddings"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    long_prompt = " ".join(["a photo of a red square"] * 40)
+    ids = tokenizer(long_prompt, truncation=True)["input_ids"]
+    assert len(ids) == encoder.max_length == tokenizer.model_max_length
+    assert ids == encoder._tokenize([long_prompt])["input_ids"][0].tolist()[: len(ids)]
+    reloaded = targets.load(f"hf:{tmp_path / 'saved'}")
+    prompts = [long_prompt, "a red square"]
+    assert torch.equal(reloaded.embed_prompts(prompts), encoder.embed_prompts(prompts))
