@@ -133,6 +133,24 @@ def test_provenance_in_onnx_and_safetensors_metadata(shipped):
     )
 
 
+def test_the_base_model_is_named_so_a_receiver_can_find_it(world, shipped):
+    """A local target: its folder's name and its fingerprints (which identify the weights
+    wherever they lie), never the recipe's path to it; the same in the card and every file."""
+    out, report = shipped
+    lock = json.loads((out / "ptc.lock").read_text())["inputs"]["target"]
+    assert lock["ref"].startswith("hf:") and "/" in lock["ref"]  # a path, here absolute
+    named = (
+        f"{world.target.name} (input fingerprint {lock['input_fingerprint'][:16]}, "
+        f"text fingerprint {lock['text_fingerprint'][:16]})"
+    )
+    assert f"Base model: `{named}`." in (out / "README.md").read_text()
+    assert lock["ref"] not in (out / "README.md").read_text()
+    graph = onnx.load(str(out / "onnx" / "vision_model.onnx"), load_external_data=False)
+    assert {p.key: p.value for p in graph.metadata_props}["ptc_base_model"] == named
+    with safe_open(str(out / "model" / "model.safetensors"), framework="pt") as handle:
+        assert handle.metadata()["ptc_base_model"] == named
+
+
 def test_model_card_front_matter_and_loading_sections(shipped):
     out, report = shipped
     card = (out / "README.md").read_text()
@@ -251,5 +269,5 @@ def test_a_target_from_the_hub_cache_is_the_cards_base_model(world, shipped, mon
     encoder = targets.load("hf:org/tiny-clip")
     assert encoder.hub_id == "org/tiny-clip" and targets.load(f"hf:{world.target}").hub_id is None
     _, report = shipped
-    card = ModelCard(model_card(encoder, "hf:org/tiny-clip", "edit", report["terms"], report))
+    card = ModelCard(model_card(encoder, "edit", report["terms"], report))
     assert card.data.base_model == "org/tiny-clip"

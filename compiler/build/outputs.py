@@ -15,7 +15,7 @@ from ptc.compiler.build.report import BuildReport, Exported, build_report, run_r
 from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
 from ptc.compiler.edit.routes import Run
 from ptc.compiler.embed import model_info
-from ptc.compiler.export.card import model_card
+from ptc.compiler.export.card import base_model_name, model_card
 from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
 from ptc.compiler.export.fp16 import fp16_variant
 from ptc.compiler.export.onnx_graph import Interface, interface
@@ -85,13 +85,13 @@ class Written:
     lock: LockDocument
 
 
-def provenance_of(plan: Plan, lock_inputs: dict[str, Any]) -> dict[str, str]:
+def provenance_of(plan: Plan, target: Target) -> dict[str, str]:
     """What every written graph and checkpoint carries in its metadata."""
     return {
         "ptc_version": __version__,
-        "ptc_recipe_sha256": lock_inputs["recipe_sha256"],
-        "ptc_lock_hash": sha256_of(lock_inputs),
-        "ptc_base_model": plan.recipe.target,
+        "ptc_recipe_sha256": target.lock_inputs["recipe_sha256"],
+        "ptc_lock_hash": sha256_of(target.lock_inputs),
+        "ptc_base_model": base_model_name(target.model),
         "ptc_route": plan.recipe.route,
     }
 
@@ -106,7 +106,7 @@ def write_output(
         raise RuntimeError("write_output needs the plan's output directory")
     try:
         with staged_directory(plan.out_dir, replace=options.force) as folder:
-            staging = Staging(edited, folder, provenance_of(plan, target.lock_inputs), run)
+            staging = Staging(edited, folder, provenance_of(plan, target), run)
             exported = export_and_verify(target, staging)
             report = build_report(target, edited, checked, exported)
             _write_files(target, edited, checked, report, folder)
@@ -139,7 +139,7 @@ def _write_files(
     write_json_atomic(staging / "report.json", report.to_json())
     if report.evaluation:
         write_bytes_atomic(staging / PLOT_NAME, evaluation_png(report.evaluation, report.terms))
-    card = model_card(target.model, plan.recipe.target, edit.card, report.terms, report.to_json())
+    card = model_card(target.model, edit.card, report.terms, report.to_json())
     write_bytes_atomic(staging / "README.md", card.encode("utf-8"))
 
 

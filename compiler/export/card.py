@@ -3,6 +3,7 @@ verified, the held-out evaluation and how to load each format."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -11,7 +12,7 @@ from ptc import __version__
 from ptc.compiler.export.card_plot import PLOT_NAME
 from ptc.compiler.recipe.plan import TermRecord
 from ptc.compiler.verify.evaluate import HeldOut
-from ptc.targets.base import Exportable
+from ptc.targets.base import Family
 
 
 def _interface_table(interfaces: dict[str, Any]) -> str:
@@ -35,9 +36,21 @@ def _interface_table(interfaces: dict[str, Any]) -> str:
     )
 
 
+def base_model_name(encoder: Family) -> str:
+    """The base model as whoever receives the output can find it: its Hub id where it came from
+    the Hub, else its checkpoint folder's name and its fingerprints, which identify the weights
+    wherever they lie (the recipe's relative path means nothing to a receiver)."""
+    if encoder.hub_id:
+        return encoder.hub_id
+    location = encoder.ref.partition(":")[2].rpartition(":")[2].rpartition("@")[2]
+    return (
+        f"{Path(location).name or location} (input fingerprint "
+        f"{encoder.input_fingerprint()[:16]}, text fingerprint {encoder.text_fingerprint()[:16]})"
+    )
+
+
 def model_card(
-    encoder: Exportable,
-    target_ref: str,
+    encoder: Family,
     edit: str,
     terms: list[TermRecord],
     report: dict[str, Any],
@@ -91,7 +104,7 @@ def model_card(
         library_name=encoder.library,
         pipeline_tag=encoder.pipeline_tag,
         tags=tags,
-        model_name=f"ptc edit of {target_ref}" if evaluation else None,
+        model_name=f"ptc edit of {base_model_name(encoder)}" if evaluation else None,
         eval_results=_eval_results(evaluation, encoder.pipeline_tag) or None,
     )
     pictured = (
@@ -106,7 +119,7 @@ def model_card(
 
 # Edited encoder built by ptc {__version__}
 
-Base model: `{target_ref}`. {edit}: same architecture, same inference cost as the base model.
+Base model: `{base_model_name(encoder)}`. {edit}: same architecture, same inference cost as the base model.
 The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 
 | task | source | strength | residual |
