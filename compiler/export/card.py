@@ -98,13 +98,13 @@ def model_card(
             f"curl localhost:8000/v2/models/{report['triton_models'][0]}/config\n"
             "# infer: POST /v2/models/<name>/infer with the inputs of config.pbtxt\n```"
         )
-    evaluation = report.get("evaluation") or {}
+    evaluation, base = report.get("evaluation") or {}, base_model_name(encoder)
     data = ModelCardData(
         base_model=encoder.hub_id,
         library_name=encoder.library,
         pipeline_tag=encoder.pipeline_tag,
         tags=tags,
-        model_name=f"ptc edit of {base_model_name(encoder)}" if evaluation else None,
+        model_name=f"ptc edit of {base}" if evaluation else None,
         eval_results=_eval_results(evaluation, encoder.pipeline_tag) or None,
     )
     pictured = (
@@ -119,7 +119,7 @@ def model_card(
 
 # Edited encoder built by ptc {__version__}
 
-Base model: `{base_model_name(encoder)}`. {edit}: same architecture, same inference cost as the base model.
+Base model: `{base}`. {edit}: same architecture, same inference cost as the base model.
 The residual is `||S_edit - S_pre - sum w U|| / ||sum w U||` on the task's grid.
 
 | task | source | strength | residual |
