@@ -4,7 +4,8 @@ One import namespace over the repository's folders (ptc/compiler, ptc/targets an
 are links to them; docs/architecture.md):
 
     ptc            ptc/        the core every part shares: errors, finite checks, hashing, timers,
-                               atomic files, output folders, progress, devices, strict YAML
+                               atomic files, output folders, progress, devices, strict YAML,
+                               reading probe files (media)
     ptc.compiler   compiler/   in rooms named for the build's stages (compiler/__init__.py)
     ptc.targets    targets/    one module per model family behind the DualEncoder protocol
     ptc.lab        lab/        the offline zoo, the paper's harness and the trials (extra: lab)

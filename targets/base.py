@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from typing_extensions import Self
 
 from ptc.hashing import tensors_sha256
-
-if TYPE_CHECKING:  # PIL loads with the first image
-    from PIL import Image
+from ptc.targets.serving import ServingSpec
 
 # A batch is the input tower's named inputs, batch-first (e.g. {"pixel_values": N x C x H x W});
 # its keys are the input tower's ONNX input names, so a batch feeds the exported graph as it is.
@@ -135,6 +133,10 @@ class Exportable(Protocol):
 
     def load_snippet(self, folder: str) -> str:
         """Three lines of Python that load a checkpoint saved by save_native from `folder`."""
+
+    def serving_spec(self) -> ServingSpec:
+        """What an ONNX-only client needs besides the graphs: preprocessing as data, the
+        tokenizer as a `tokenizers` file (targets/serving.py)."""
 
 
 @runtime_checkable
@@ -266,35 +268,3 @@ def _load_adapter_checked(model: torch.nn.Module, adapter_dir: Path, ref: str) -
         "the adapter is damaged (or its training diverged); ptc merges no weight that is NaN or Inf",
     )
     return wrapped
-
-
-def open_image(path: Path) -> Image.Image:
-    """One image file as an RGB PIL image; an unreadable file or a decompression bomb (a header
-    claiming more pixels than PIL's limit, which it only warns about below twice the limit) is
-    one clear InputError."""
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
-    from ptc.errors import InputError
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                return image.convert("RGB")
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InputError(
-            f"probe {path}: refused as a decompression bomb: {exc}".split(" could be")[0],
-            f"images may have at most {Image.MAX_IMAGE_PIXELS:,} pixels; resize it",
-        ) from None
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-        raise InputError(
-            f"probe {path}: cannot read as an image: {exc}",
-            "remove the file from the probe folder or replace it with a valid image",
-        ) from None
-
-
-def open_images(paths: list[Path]) -> list[Image.Image]:
-    """Read image files as RGB PIL images; an unreadable file is one clear error."""
-    return [open_image(path) for path in paths]

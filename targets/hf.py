@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from typing_extensions import Self
 
-from ptc.errors import ModelError, ModelNotFound, library_errors
+from ptc.errors import ModelError, ModelNotFound, OutputError, library_errors
 from ptc.files import write_bytes_atomic
 from ptc.targets import HF_MODEL_TYPES, register_scheme
 from ptc.targets.base import Batch, Family, OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
@@ -26,6 +26,13 @@ from ptc.targets.checkpoint import (
     require_finite_weights,
     require_plausible_size,
     stored_tensors,
+)
+from ptc.targets.serving import (
+    ServingSpec,
+    image_record,
+    interpolation_name,
+    sentencepiece_json,
+    with_rules,
 )
 from ptc.targets.shipped_code import refuse_shipped_code
 
@@ -310,6 +317,52 @@ class HFDualEncoder(OnDevice):
             f"from transformers import AutoProcessor, {self.model_class}\n"
             f'model = {self.model_class}.from_pretrained("{folder}")\n'
             f'processor = AutoProcessor.from_pretrained("{folder}")'
+        )
+
+    # -- serving ------------------------------------------------------------------------------
+    def serving_spec(self) -> ServingSpec:
+        padding = "max_length" if self.pad_to_max_length else "longest"
+        pad_id, pad_token = int(self.tokenizer.pad_token_id), str(self.tokenizer.pad_token)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        own = backend.to_str() if backend is not None else sentencepiece_json(self.tokenizer)
+        sides = (str(self.tokenizer.padding_side), str(self.tokenizer.truncation_side))
+        return ServingSpec(
+            preprocessing=self.serving_preprocessing(),
+            tokenizer_json=with_rules(own, self.max_length, padding, (pad_id, pad_token), sides),
+            context_length=self.max_length,
+            padding=padding,
+            pad_id=pad_id,
+            text_inputs=("input_ids", "attention_mask"),
+            padding_side=sides[0],
+            truncation_side=sides[1],
+        )
+
+    def serving_preprocessing(self) -> dict[str, Any]:
+        """A fixed-size image processor's settings (CLIP's, SigLIP's) as the contract's record.
+        transformers' processors crop at the floor of the centring offset."""
+        config = self.processor.to_dict()
+        size = {k: int(v) for k, v in (config.get("size") or {}).items() if v is not None}
+        if config.get("do_resize", True) and sorted(size) not in (
+            ["shortest_edge"],
+            ["height", "width"],
+        ):
+            raise OutputError(
+                f"{self.ref}: its processor resizes to {size}, which the serving contract does "
+                "not describe",
+                "save the processor with size {shortest_edge: N} or {height: H, width: W}",
+            )
+        crop = config.get("crop_size") if config.get("do_center_crop") else None
+        normalise = config.get("do_normalize", True)
+        return image_record(
+            input_name="pixel_values",
+            resize=size if config.get("do_resize", True) else None,
+            interpolation=interpolation_name(config.get("resample", 3), self.ref),
+            center_crop=None
+            if crop is None
+            else {"height": int(crop["height"]), "width": int(crop["width"]), "offset": "floor"},
+            rescale=config.get("rescale_factor", 1 / 255) if config.get("do_rescale", True) else 1,
+            mean=list(config["image_mean"]) if normalise else [0.0, 0.0, 0.0],
+            std=list(config["image_std"]) if normalise else [1.0, 1.0, 1.0],
         )
 
     def save_native(self, folder: Path) -> str:

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ptc.errors import OutputError
+from ptc.media import read_audio
 from ptc.targets import register_hf_family
-from ptc.targets.audio import read_audio
 from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
 from ptc.targets.hf import HFDualEncoder
 
@@ -70,6 +70,38 @@ class HFClap(HFDualEncoder):
         return AutoFeatureExtractor.from_pretrained(
             folder, local_files_only=True, trust_remote_code=False
         )
+
+    def serving_preprocessing(self) -> dict[str, Any]:
+        """A clip's log-mel spectrogram as the extractor computes it for an unfused model: the
+        first max_samples at the model's rate, a shorter clip repeated then zero-padded to
+        max_samples, a centred (reflect-padded) STFT with a periodic Hann window, the power
+        spectrum through Slaney-normalised Slaney-scale mel filters, in dB."""
+        extractor = self.processor
+        if extractor.truncation != "rand_trunc":
+            raise OutputError(
+                f"{self.ref}: its feature extractor truncates by {extractor.truncation!r}, which "
+                "the serving contract does not describe",
+                "an unfused CLAP's extractor uses truncation: rand_trunc",
+            )
+        return {
+            "kind": "audio",
+            "input": "input_features",
+            "sampling_rate": int(extractor.sampling_rate),
+            "max_samples": int(extractor.nb_max_samples),
+            "padding": str(extractor.padding),
+            "n_fft": int(extractor.fft_window_size),
+            "hop_length": int(extractor.hop_length),
+            "window": "hann",
+            "power": 2.0,
+            "n_mels": int(extractor.feature_size),
+            "f_min": float(extractor.frequency_min),
+            "f_max": float(extractor.frequency_max),
+            "mel_scale": "slaney",
+            "mel_norm": "slaney",
+            "mel_floor": 1e-10,
+            "log": "dB",
+            "layout": "N,1,frames,mels",
+        }
 
     # -- embedding ----------------------------------------------------------------------------
     def load_inputs(self, paths: list[Path]) -> Batch:

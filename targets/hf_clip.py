@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from ptc.media import open_images
 from ptc.targets import register_hf_family
-from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer, open_images
+from ptc.targets.base import Batch, OnnxTower, copy_sharing, fold_into_linear_layer
 from ptc.targets.hf import HFDualEncoder
 
 

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 from typing_extensions import Self
 
+from ptc.media import open_images
 from ptc.targets import register_hf_family
-from ptc.targets.base import Batch, OnnxTower, copy_sharing, open_images
+from ptc.targets.base import Batch, OnnxTower, copy_sharing
 from ptc.targets.hf import HFDualEncoder
+from ptc.targets.serving import image_record, interpolation_name
 
 
 class _ImageTower(torch.nn.Module):
@@ -151,6 +153,29 @@ class HFSiglip2(HFSiglip):
         out = self.processor(images=open_images(paths), return_tensors="pt")
         return {
             name: out[name] for name in ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+        }
+
+    def serving_preprocessing(self) -> dict[str, Any]:
+        """NaFlex: each image resized (aspect kept) to the largest grid of whole patches that
+        holds at most max_num_patches, split into flattened patches, padded to max_num_patches."""
+        config = self.processor.to_dict()
+        record = image_record(
+            input_name="pixel_values",
+            resize=None,
+            interpolation=interpolation_name(config.get("resample", 2), self.ref),
+            center_crop=None,
+            rescale=config.get("rescale_factor", 1 / 255),
+            mean=list(config["image_mean"]),
+            std=list(config["image_std"]),
+        )
+        return {
+            **record,
+            "kind": "naflex",
+            "layout": "N,patches,patch*patch*C",
+            "patch_size": int(config["patch_size"]),
+            "max_num_patches": int(config["max_num_patches"]),
+            "mask_input": "pixel_attention_mask",
+            "shapes_input": "spatial_shapes",
         }
 
     def example_batch(self) -> Batch:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ptc.errors import ModelError, ModelNotFound, library_errors
+from ptc.errors import ModelError, ModelNotFound, OutputError, library_errors
+from ptc.media import open_images
 from ptc.targets import register_scheme
 from ptc.targets.base import (
     Batch,
@@ -28,7 +29,6 @@ from ptc.targets.base import (
     fold_into_linear,
     fold_into_linear_layer,
     merge_adapter,
-    open_images,
 )
 from ptc.targets.checkpoint import (
     declared_shapes,
@@ -38,6 +38,7 @@ from ptc.targets.checkpoint import (
     stored_tensors,
 )
 from ptc.targets.hf import save_tokenizer
+from ptc.targets.serving import ServingSpec, clip_bpe_json, image_record, with_rules
 from ptc.targets.shipped_code import refuse_foreign_towers, refuse_pickle_file, refuse_shipped_code
 
 CONFIG, WEIGHTS = "open_clip_config.json", "open_clip_model.safetensors"
@@ -279,6 +280,65 @@ class OpenClip(OnDevice):
             ),
         ]
 
+    # -- serving ------------------------------------------------------------------------------
+    def serving_spec(self) -> ServingSpec:
+        import open_clip
+
+        tokenizer, context = self.tokenizer, int(self.tokenizer.context_length)
+        if isinstance(tokenizer, open_clip.tokenizer.HFTokenizer):
+            hf = tokenizer.tokenizer
+            own, pad_id, pad = hf.backend_tokenizer.to_str(), hf.pad_token_id, str(hf.pad_token)
+        else:
+            merges = list(tokenizer.bpe_ranks)
+            own, pad_id, pad = (
+                clip_bpe_json(tokenizer.encoder, merges, tokenizer.pat.pattern),
+                0,
+                "!",
+            )
+        # open_clip pads every prompt to the context, with 0 for its own BPE (id 0 is "!":
+        # the text tower pools at the end token, so what pads never reaches the embedding)
+        return ServingSpec(
+            preprocessing=self._image_record(),
+            tokenizer_json=with_rules(own, context, "max_length", (int(pad_id), pad)),
+            context_length=context,
+            padding="max_length",
+            pad_id=int(pad_id),
+            text_inputs=("input_ids",),
+        )
+
+    def _image_record(self) -> dict[str, Any]:
+        """open_clip's eval transform as the contract's record: torchvision's Resize and
+        CenterCrop on a PIL image (the centring offset rounded half to even)."""
+        cfg = self.config["preprocess_cfg"]
+        size = cfg.get("size", self.model.visual.image_size)
+        height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        mode = cfg.get("resize_mode", "shortest")
+        interpolation = cfg.get("interpolation", "bicubic")
+        if mode not in ("shortest", "squash") or (mode == "shortest" and height != width):
+            raise OutputError(
+                f"{self.ref}: preprocess_cfg resizes by {mode!r} to {height}x{width}, which the "
+                "serving contract does not describe",
+                "use resize_mode shortest (square size) or squash, or export formats: [safetensors]",
+            )
+        if interpolation not in ("bicubic", "bilinear", "nearest"):
+            raise OutputError(
+                f"{self.ref}: preprocess_cfg interpolation {interpolation!r} is not one the "
+                "serving contract describes",
+                "use bicubic, bilinear or nearest",
+            )
+        squash = mode == "squash"
+        return image_record(
+            input_name="pixel_values",
+            resize={"height": height, "width": width} if squash else {"shortest_edge": height},
+            interpolation=interpolation,
+            center_crop=None
+            if squash
+            else {"height": height, "width": width, "offset": "round_half_even"},
+            rescale=1 / 255,
+            mean=list(cfg.get("mean", open_clip_mean())),
+            std=list(cfg.get("std", open_clip_std())),
+        )
+
     def load_snippet(self, folder: str) -> str:
         return (
             f"import open_clip\n"
@@ -404,3 +464,15 @@ def check(rest: str, base_dir: Path) -> str:
 
 
 register_scheme("open_clip", OpenClip.load, check)
+
+
+def open_clip_mean() -> tuple[float, ...]:
+    from open_clip.constants import OPENAI_DATASET_MEAN
+
+    return tuple(OPENAI_DATASET_MEAN)
+
+
+def open_clip_std() -> tuple[float, ...]:
+    from open_clip.constants import OPENAI_DATASET_STD
+
+    return tuple(OPENAI_DATASET_STD)

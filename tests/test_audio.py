@@ -5,7 +5,7 @@ import pytest
 import soundfile
 
 from ptc.errors import InputError
-from ptc.targets.audio import read_audio
+from ptc.media import read_audio
 
 
 def _tone(rate, seconds, freq=440.0):

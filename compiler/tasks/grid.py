@@ -123,8 +123,7 @@ def _collect_probes(spec: TaskFile, base: Path, task_path: Path) -> tuple[Path, 
 def check_probes_decode(task_path: Path, probes: tuple[Path, ...]) -> None:
     """Every probe decodes as what its suffix says (an image, or audio), so that a broken file
     is refused when the task is registered, not at the first forward pass of a later build."""
-    from ptc.targets.audio import read_audio
-    from ptc.targets.base import open_image
+    from ptc.media import open_image, read_audio
 
     for probe in probes:
         try:
