@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ptc.lab.tiny import hf_clap, hf_clip, hf_siglip, openclip  # the tiny builders
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -32,6 +34,43 @@ class World:
     bank: Path
 
 
+# family -> (tiny builder, reference scheme for a saved folder[, probe modality]); a new family adds one row.
+FAMILIES = {
+    "hf-clip": (
+        lambda folder, seed: hf_clip.build_tiny(folder, width=32, embed_dim=12, seed=seed),
+        "hf:{}",
+    ),
+    "open_clip-vit": (
+        lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed),
+        "open_clip:local-dir:{}",
+    ),
+    "open_clip-vit-tiny-vocab": (
+        lambda folder, seed: openclip.build_tiny(
+            folder, width=32, embed_dim=20, seed=seed, vocab="tiny"
+        ),
+        "open_clip:local-dir:{}",
+    ),
+    "open_clip-eva02": (
+        lambda folder, seed: openclip.build_tiny_timm(folder, embed_dim=24, seed=seed),
+        "open_clip:local-dir:{}",
+    ),
+    "open_clip-resnet": (
+        lambda folder, seed: openclip.build_tiny_resnet(folder, embed_dim=16, seed=seed),
+        "open_clip:local-dir:{}",
+    ),
+    "hf-siglip": (lambda folder, seed: hf_siglip.build_tiny(folder, width=40, seed=seed), "hf:{}"),
+    "hf-siglip2": (
+        lambda folder, seed: hf_siglip.build_tiny2(folder, width=36, seed=seed),
+        "hf:{}",
+    ),
+    "hf-clap": (
+        lambda folder, seed: hf_clap.build_tiny(folder, embed_dim=20, seed=seed),
+        "hf:{}",
+        "audio",
+    ),
+}
+
+
 def clip_pixels(paths, folder):
     """pixel_values for image files, by transformers' own CLIP processor saved in `folder`."""
     from PIL import Image
@@ -41,6 +80,28 @@ def clip_pixels(paths, folder):
     return processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")[
         "pixel_values"
     ]
+
+
+def run_card_snippets(out: Path, expected_texts) -> int:
+    """Run every Python block of an output's model card as written, in the output folder, each
+    in a fresh interpreter; a block that makes `text_embeds` must give `expected_texts` (the
+    edited model's, for the card's two prompts) to 1e-5. Returns how many blocks ran."""
+    import re
+
+    import numpy as np
+
+    blocks = re.findall(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S)
+    for index, block in enumerate(blocks):
+        saved = out.parent / f"snippet-{index}.npy"
+        probe = f"\nimport numpy\nnumpy.save({str(saved)!r}, numpy.asarray(text_embeds))\n"
+        code = block + (probe if "text_embeds =" in block else "")
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=out, capture_output=True, text=True
+        )
+        assert result.returncode == 0, f"{block}\n{result.stderr[-2000:]}"
+        if "text_embeds =" in block:
+            assert np.abs(np.load(saved) - np.asarray(expected_texts)).max() <= 1e-5, block
+    return len(blocks)
 
 
 def tree_digest(root: Path, pattern: str = "*") -> dict[str, str]:

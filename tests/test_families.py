@@ -12,50 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import run_ptc, write_recipe
+from conftest import FAMILIES, run_card_snippets, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_key
 from ptc.errors import ModelError
 from ptc.lab import tiny_vocab
-from ptc.lab.tiny import hf_clap, hf_clip, hf_siglip, openclip  # the tiny builders
+from ptc.lab.tiny import hf_clap, hf_siglip, openclip  # the tiny builders
 from ptc.targets.openclip import WEIGHTS
-
-# family -> (tiny builder, reference scheme for a saved folder[, probe modality]); a new family adds one row.
-FAMILIES = {
-    "hf-clip": (
-        lambda folder, seed: hf_clip.build_tiny(folder, width=32, embed_dim=12, seed=seed),
-        "hf:{}",
-    ),
-    "open_clip-vit": (
-        lambda folder, seed: openclip.build_tiny(folder, width=32, embed_dim=20, seed=seed),
-        "open_clip:local-dir:{}",
-    ),
-    "open_clip-vit-tiny-vocab": (
-        lambda folder, seed: openclip.build_tiny(
-            folder, width=32, embed_dim=20, seed=seed, vocab="tiny"
-        ),
-        "open_clip:local-dir:{}",
-    ),
-    "open_clip-eva02": (
-        lambda folder, seed: openclip.build_tiny_timm(folder, embed_dim=24, seed=seed),
-        "open_clip:local-dir:{}",
-    ),
-    "open_clip-resnet": (
-        lambda folder, seed: openclip.build_tiny_resnet(folder, embed_dim=16, seed=seed),
-        "open_clip:local-dir:{}",
-    ),
-    "hf-siglip": (lambda folder, seed: hf_siglip.build_tiny(folder, width=40, seed=seed), "hf:{}"),
-    "hf-siglip2": (
-        lambda folder, seed: hf_siglip.build_tiny2(folder, width=36, seed=seed),
-        "hf:{}",
-    ),
-    "hf-clap": (
-        lambda folder, seed: hf_clap.build_tiny(folder, embed_dim=20, seed=seed),
-        "hf:{}",
-        "audio",
-    ),
-}
 
 
 def test_the_contract_table_covers_every_registered_family():
@@ -256,6 +220,9 @@ def test_hf_clip_descriptors_build_into_an_open_clip_target(
         base.embed_inputs(pixels).double() @ (torch.eye(20, dtype=torch.float64) + operator).T
     )
     assert (got - expected).abs().max() < 1e-5
+    if tower == "vit":  # the card's snippets: open_clip's loader, onnxruntime, ptc's client
+        prompts = ["a photo of a cat", "a photo of a dog"]
+        assert run_card_snippets(out, base.embed_prompts(prompts).numpy()) == 3
     session = ort.InferenceSession(
         str(out / "onnx" / "vision_model.onnx"), providers=["CPUExecutionProvider"]
     )

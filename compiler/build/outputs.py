@@ -20,6 +20,12 @@ from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
 from ptc.compiler.export.fp16 import fp16_variant
 from ptc.compiler.export.onnx_graph import Interface, interface
 from ptc.compiler.export.onnx_run import ProviderRun, min_row_cosine, run_onnx
+from ptc.compiler.export.serving import (
+    LONG_PROMPT,
+    preprocess_difference,
+    preprocess_tolerance,
+    write_contract,
+)
 from ptc.compiler.export.stamp import stamp_safetensors
 from ptc.compiler.export.tower_cache import write_tower
 from ptc.compiler.export.triton import write_triton_model
@@ -38,6 +44,8 @@ from ptc.compiler.recipe.lock import (
 )
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.plan import Plan, TermRecord
+from ptc.compiler.serve.client import OnnxClient
+from ptc.compiler.serve.contract import read_contract
 from ptc.compiler.verify.certify import TERMS_FILE, write_terms
 from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
 from ptc.errors import OutputError, VerifyError, library_errors
@@ -48,6 +56,8 @@ from ptc.targets.base import Family, OnnxTower, batch_rows
 # The reload is checked end to end on a few of the check inputs and prompts (weights, config,
 # tokenizer); its preprocessing on all of them. The edited model's own figures are the route's.
 RELOAD_CHECKS = 4
+# The serving contract's tokenizer is checked on the recipe's prompts, at most this many.
+SERVING_PROMPTS = 64
 
 
 @dataclass
@@ -139,7 +149,8 @@ def _write_files(
     write_json_atomic(staging / "report.json", report.to_json())
     if report.evaluation:
         write_bytes_atomic(staging / PLOT_NAME, evaluation_png(report.evaluation, report.terms))
-    card = model_card(target.model, edit.card, report.terms, report.to_json())
+    contract = read_contract(staging / "onnx") if report.serving_files else None
+    card = model_card(target.model, edit.card, report.terms, report.to_json(), contract)
     write_bytes_atomic(staging / "README.md", card.encode("utf-8"))
 
 
@@ -237,7 +248,8 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
     # the export cache is one per model, whatever the precision
     weights_key = model_info(model).weights_key
     towers: list[TowerExport] = []
-    for index, (base, tower) in enumerate(zip(model.onnx_towers(), edit.edited.onnx_towers())):
+    edited_towers = edit.edited.onnx_towers()
+    for index, (base, tower) in enumerate(zip(model.onnx_towers(), edited_towers)):
         path = staging.folder / "onnx" / f"{tower.name}.onnx"
         hint = (
             "nothing was written; the graph or its cached base in the bank is damaged: "
@@ -260,6 +272,36 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
         exported.fp16_min_cosine = require_at_least(
             "fp16_min_cosine", min(cosines), verify.fp16_min_cosine
         )
+    export_serving(staging, edited_towers, exported)
+
+
+def export_serving(staging: Staging, towers: list[OnnxTower], exported: Exported) -> None:
+    """The serving contract beside the graphs, held to the family: the client's preprocessing
+    of the check input files against the batch the graphs were verified on (within one
+    intensity level for a resized image), and its tokenizer and text graph against the edited
+    model's prompt embeddings, a prompt past the context included (within the build's
+    tolerance). Inputs the client preprocesses identically get the graph's verified output."""
+    plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
+    atol = plan.recipe.verify.equivalence_atol
+    folder = staging.folder / "onnx"
+    with run.stage("export_serving"):
+        spec = edit.edited.serving_spec()
+        exported.serving_files = write_contract(spec, towers, folder)
+    with run.stage("verify_serving"):
+        client = OnnxClient(folder)
+        largest, identical = preprocess_difference(client.input_arrays(check.paths), check.batch)
+        prompts = sorted({p for term in plan.terms for p in term.task.prompts})[:SERVING_PROMPTS]
+        prompts.append(LONG_PROMPT)
+        text_diff = max_abs_difference(
+            client.embed_texts(prompts), edit.edited.embed_prompts(prompts)
+        )
+    exported.serving_preprocess_max_abs_diff = require(
+        "serving_preprocess_max_abs_diff",
+        largest,
+        preprocess_tolerance(spec.preprocessing, atol),
+    )
+    exported.serving_inputs_identical = f"{identical}/{len(check.paths)}"
+    exported.serving_text_max_abs_diff = require("serving_text_max_abs_diff", text_diff, atol)
 
 
 def export_onnx_tower(

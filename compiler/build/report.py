@@ -30,6 +30,10 @@ class Exported:
     reload_max_abs_diff: float | None = None
     native_ref: str | None = None  # how the native checkpoint reloads ("hf:model")
     fp16_min_cosine: float | None = None
+    serving_preprocess_max_abs_diff: float | None = None
+    serving_inputs_identical: str | None = None  # "k/n" check inputs preprocessed identically
+    serving_text_max_abs_diff: float | None = None
+    serving_files: list[str] = field(default_factory=list)
     triton_models: list[str] = field(default_factory=list)
     onnx_files: list[str] = field(default_factory=list)
     onnx_interface: dict[str, Any] = field(default_factory=dict)
@@ -43,6 +47,9 @@ class Exported:
             "onnx_provider_fell_back",
             "reload_max_abs_diff",
             "fp16_min_cosine",
+            "serving_preprocess_max_abs_diff",
+            "serving_inputs_identical",
+            "serving_text_max_abs_diff",
         )
         return {name: getattr(self, name) for name in names}
 
@@ -66,6 +73,7 @@ class BuildReport:
     precision: list[str]
     triton_models: list[str]
     onnx_files: list[str]
+    serving_files: list[str]  # the serving contract and its tokenizer, beside the graphs
     onnx_interface: dict[str, Any]  # per graph: its inputs' and outputs' names, dtypes and shapes
     # per grid: the device and precision that made the target's embeddings
     embeddings: dict[str, dict[str, str] | None]
@@ -93,6 +101,7 @@ class BuildReport:
             "precision": self.precision,
             "triton_models": self.triton_models,
             "onnx_files": self.onnx_files,
+            "serving_files": self.serving_files,
             "onnx_interface": self.onnx_interface,
             "embeddings": self.embeddings,
         }
@@ -203,6 +212,7 @@ def build_report(
         precision=list(recipe.export.precision),
         triton_models=exported.triton_models,
         onnx_files=exported.onnx_files,
+        serving_files=exported.serving_files,
         onnx_interface=exported.onnx_interface,
         embeddings={name: emb.made_by for name, emb in edited.grids.items()},
     )

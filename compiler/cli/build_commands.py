@@ -249,6 +249,7 @@ def certify(
 @click.argument("model")
 @flag("--task", "task_name", required=True)
 @flag("--data", type=click.Path(path_type=Path), required=True)
+@flag("--runtime", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @JSON_FLAG
 @options("batch_size", "device", "precision", "bank")
 @handled
@@ -256,25 +257,48 @@ def eval_command(
     model: str,
     task_name: str,
     data: Path,
+    runtime: str,
     as_json: bool,
     batch_size: int,
     device: str,
     precision: str,
     bank: Path | None,
 ) -> None:
-    """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder)."""
-    from ptc.compiler.verify.evaluate import evaluate
+    """Zero-shot top-1 accuracy of MODEL (a reference or a build output folder); with
+    --runtime onnx, of a build output's shipped graphs, as a serving host runs them."""
+    if runtime == "onnx" and precision != "fp32":
+        from ptc.errors import RecipeError
 
-    result = evaluate(
-        model,
-        open_bank_at(bank).task(task_name),
-        data,
-        batch_size,
-        compute=compute_of(device, precision),
-    )
+        raise RecipeError(
+            f"--precision {precision}: the onnx runtime runs the graphs as shipped",
+            "drop --precision, or evaluate the checkpoint with --runtime torch",
+        )
+    task = open_bank_at(bank).task(task_name)
+    if runtime == "onnx":
+        result = _eval_onnx(
+            model, task.name, list(task.classes), list(task.prompts), data, batch_size
+        )
+    else:
+        from ptc.compiler.verify.evaluate import evaluate
+
+        result = dict(
+            evaluate(model, task, data, batch_size, compute=compute_of(device, precision))
+        )
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
         click.echo(
             f"{task_name}: top-1 {result['accuracy']:.4f} ({result['correct']}/{result['total']})"
         )
+
+
+def _eval_onnx(
+    model: str, task: str, classes: list[str], prompts: list[str], data: Path, batch_size: int
+) -> dict[str, object]:
+    """The ONNX-only client's zero-shot accuracy: a serving host's check of what it loaded."""
+    from ptc.compiler.serve.client import OnnxClient
+    from ptc.compiler.serve.zero_shot import zero_shot_accuracy
+
+    client = OnnxClient(Path(model).expanduser())
+    accuracy = zero_shot_accuracy(client, task, classes, prompts, data, batch_size)
+    return {"model": model, "runtime": "onnx", **accuracy}

@@ -81,6 +81,8 @@ ARGUMENTS = {
     "`ptc verify` checks against (default OUTPUT/ptc.lock).",
     "--replace": "Re-register a task whose grid changed (bank entries are keyed by grid: none is overwritten).",
     "--json": "Print the result as JSON on stdout.",
+    "--runtime": "What runs the model: torch (its checkpoint, the family's code) or onnx (a build "
+    "output's graphs and serving contract, with onnxruntime and numpy; torch is never imported).",
     "--ray": "Run forward passes and solves as Ray tasks (a cluster address, or 'local').",
     "--rank": "LoRA rank.",
     "--steps": "Training steps.",

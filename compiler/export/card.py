@@ -11,6 +11,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ptc import __version__
 from ptc.compiler.export.card_plot import PLOT_NAME
 from ptc.compiler.recipe.plan import TermRecord
+from ptc.compiler.serve.contract import Contract, describe
 from ptc.compiler.verify.evaluate import HeldOut
 from ptc.targets.base import Family
 
@@ -36,6 +37,39 @@ def _interface_table(interfaces: dict[str, Any]) -> str:
     )
 
 
+def _onnx_section(serving: Contract, interfaces: dict[str, Any]) -> str:
+    """The graphs without torch: the text side in four lines of tokenizers and onnxruntime, the
+    input side through ptc's client of the contract, and the contract in words."""
+    text = serving["text"]
+    feeds = {
+        "input_ids": '"input_ids": np.array([e.ids for e in encodings])',
+        "attention_mask": '"attention_mask": np.array([e.attention_mask for e in encodings])',
+    }
+    steps = "\n".join(f"{i}. {step}" for i, step in enumerate(describe(serving), start=1))
+    return (
+        "### onnxruntime, without torch\n"
+        "`onnx/serving.json` holds the preprocessing as data and `onnx/tokenizer.json` the tokenizer, "
+        "with its truncation and padding set:\n"
+        "```python\nimport numpy as np\nimport onnxruntime as ort\nfrom tokenizers import Tokenizer\n\n"
+        f'tokenizer = Tokenizer.from_file("onnx/{text["tokenizer"]}")\n'
+        f'text_model = ort.InferenceSession("onnx/{text["graph"]}")  # its .onnx.data beside it\n'
+        'encodings = tokenizer.encode_batch(["a photo of a cat", "a photo of a dog"])\n'
+        "text_embeds = text_model.run(None, {\n"
+        + "".join(f"    {feeds[name]},\n" for name in text["inputs"])
+        + "})[0]\n"
+        "```\n"
+        "ptc's client follows the whole contract with numpy, PIL and onnxruntime (it never imports "
+        "torch); `ptc eval . --runtime onnx --task TASK --data FOLDER` gives the accuracy a "
+        "serving host gets:\n"
+        "```python\nfrom ptc.compiler.serve.client import OnnxClient\n\n"
+        'client = OnnxClient("onnx")\n'
+        'text_embeds = client.embed_texts(["a photo of a cat", "a photo of a dog"])\n'
+        '# input_embeds = client.embed_inputs(["cat.jpg"])\n```\n'
+        f"What a client does before the graphs see an input:\n\n{steps}\n"
+        + _interface_table(interfaces)
+    )
+
+
 def base_model_name(encoder: Family) -> str:
     """The base model as whoever receives the output can find it: its Hub id where it came from
     the Hub, else its checkpoint folder's name and its fingerprints, which identify the weights
@@ -54,6 +88,7 @@ def model_card(
     edit: str,
     terms: list[TermRecord],
     report: dict[str, Any],
+    serving: Contract | None = None,
 ) -> str:
     """The output's README.md: a Hugging Face model card (huggingface_hub's ModelCard), whose
     `base_model` is the Hub id the target came from (none for a local folder) and whose
@@ -85,13 +120,8 @@ def model_card(
         if report["native_ref"]
         else []
     )
-    if report.get("onnx_files"):
-        loading.append(
-            "### onnxruntime\n```python\nimport onnxruntime as ort\n"
-            f'session = ort.InferenceSession("{report["onnx_files"][0]}")  # its .onnx.data beside it\n'
-            "embeds = session.run(None, {name: array})[0]  # the inputs below\n```\n"
-            + _interface_table(report.get("onnx_interface", {}))
-        )
+    if report.get("onnx_files") and serving is not None:
+        loading.append(_onnx_section(serving, report.get("onnx_interface", {})))
     if report.get("triton_models"):
         loading.append(
             "### Triton\n```bash\ntritonserver --model-repository=triton\n"

@@ -1,0 +1,216 @@
+"""An ONNX-only client (onnxruntime, numpy, PIL, tokenizers; never torch) follows an output's
+serving contract to the family's own embeddings and predictions, for every family."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import FAMILIES, REPO, run_card_snippets, run_ptc
+from ptc import targets
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.export.onnx_graph import export_onnx
+from ptc.compiler.export.serving import (
+    LONG_PROMPT,
+    preprocess_difference,
+    preprocess_tolerance,
+    write_contract,
+)
+from ptc.compiler.serve.preprocess import input_arrays
+from ptc.compiler.tasks.labelled import labelled_files
+
+# The client in a fresh interpreter: embeddings of the files and prompts given, written as .npy
+# (no pickle), and whether anything imported torch on the way.
+CLIENT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    from ptc.compiler.serve.client import OnnxClient
+
+    folder, request, out = map(Path, sys.argv[1:4])
+    asked = json.loads(request.read_text())
+    client = OnnxClient(folder)
+    np.save(out / "inputs.npy", client.embed_inputs([Path(p) for p in asked["paths"]]))
+    np.save(out / "texts.npy", client.embed_texts(asked["prompts"]))
+    (out / "torch.txt").write_text(str("torch" in sys.modules))
+    """
+)
+
+
+def _held_out(request, modality: str) -> tuple[list[Path], list[int], list[str], int]:
+    """The world's held-out files of one task with their labels, and its class-major prompts."""
+    world = request.getfixturevalue("audio_world" if modality == "audio" else "world")
+    name = "pitch" if modality == "audio" else "colour"
+    task = Bank(world.bank).task(name)
+    pairs = labelled_files(world.tasks[name].parent / "test", task.classes)
+    return [p for p, _ in pairs], [c for _, c in pairs], list(task.prompts), len(task.classes)
+
+
+def _top1(inputs: np.ndarray, texts: np.ndarray, n_classes: int) -> np.ndarray:
+    def unit(rows: np.ndarray) -> np.ndarray:
+        rows = rows.astype(np.float64)
+        return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+
+    classes = unit(unit(texts).reshape(n_classes, -1, texts.shape[-1]).mean(axis=1))
+    return (unit(inputs) @ classes.T).argmax(axis=1)
+
+
+def _serving_folder(encoder, folder: Path) -> Path:
+    towers = encoder.onnx_towers()
+    for tower in towers:
+        export_onnx(tower, folder / f"{tower.name}.onnx")
+    write_contract(encoder.serving_spec(), towers, folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_an_onnx_only_client_gives_the_familys_embeddings_and_predictions(
+    family, tmp_path, request
+):
+    build, scheme, modality = (*FAMILIES[family], "image")[:3]
+    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
+    folder = _serving_folder(encoder, tmp_path / "onnx")
+    paths, labels, prompts, n_classes = _held_out(request, modality)
+    prompts_asked = [*prompts, LONG_PROMPT, "A PHOTO, of   a blue-ish  circle!"]
+    (tmp_path / "request.json").write_text(
+        json.dumps({"paths": [str(p) for p in paths], "prompts": prompts_asked})
+    )
+    subprocess.run(
+        [sys.executable, "-c", CLIENT, str(folder), str(tmp_path / "request.json"), str(tmp_path)],
+        check=True,
+        cwd=REPO,
+    )
+    assert (tmp_path / "torch.txt").read_text() == "False"
+    inputs, texts = np.load(tmp_path / "inputs.npy"), np.load(tmp_path / "texts.npy")
+    expected_inputs = encoder.embed_inputs(encoder.load_inputs(paths)).numpy()
+    expected_texts = encoder.embed_prompts(prompts_asked).numpy()
+    assert np.abs(inputs - expected_inputs).max() <= 1e-5
+    text_gaps = np.abs(texts - expected_texts).max(axis=1)
+    assert text_gaps.max() <= 1e-5, [prompts_asked[i] for i in np.flatnonzero(text_gaps > 1e-5)]
+    n = len(prompts)
+    predictions = _top1(inputs, texts[:n], n_classes)
+    assert np.array_equal(predictions, _top1(expected_inputs, expected_texts[:n], n_classes))
+
+
+@pytest.mark.parametrize("family", sorted(name for name, row in FAMILIES.items() if len(row) == 2))
+def test_images_of_any_size_preprocess_as_the_family_does_to_one_intensity_level(family, tmp_path):
+    """PIL resizes where the families' processors use torchvision: the two round a few pixels
+    apart, never by more than one level (the build holds every output to it)."""
+    build, scheme = FAMILIES[family]
+    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
+    rng = np.random.default_rng(0)
+    paths = []
+    for width, height in [(50, 37), (33, 35), (200, 120), (20, 25), (64, 64), (32, 32)]:
+        # smooth content, as photographs are: noise would test the filters' far tails only
+        y, x = np.mgrid[0:height, 0:width]
+        phase = rng.uniform(0, 6, size=3)
+        pixels = np.stack([127 + 120 * np.sin(x / 7 + y / 11 + p) for p in phase], axis=-1)
+        path = tmp_path / f"{width}x{height}.png"
+        Image.fromarray(pixels.astype(np.uint8)).save(path)
+        paths.append(path)
+    spec = encoder.serving_spec().preprocessing
+    largest, identical = preprocess_difference(
+        input_arrays(paths, spec), encoder.load_inputs(paths)
+    )
+    assert largest <= preprocess_tolerance(spec, 1e-5), (largest, identical)
+    assert identical >= 1  # the image already at the model's size passes through unchanged
+
+
+def test_ptc_eval_with_the_onnx_runtime_gives_the_torch_paths_accuracy_without_torch(
+    world, built, tmp_path
+):
+    out, _ = built
+    data = world.tasks["colour"].parent / "test"
+    args = ["eval", str(out), "--task", "colour", "--data", str(data), "--bank", str(world.bank)]
+    script = (
+        "import sys\n"
+        "from ptc.compiler.cli.main import main\n"
+        "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+        "finally:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)\n"
+    )
+    onnx = subprocess.run(
+        [sys.executable, "-c", script, *args, "--runtime", "onnx", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert onnx.returncode == 0, onnx.stderr
+    assert "torch imported: False" in onnx.stderr
+    torch_run = run_ptc(*args, "--json")
+    assert torch_run.returncode == 0, torch_run.stderr
+    by_onnx, by_torch = json.loads(onnx.stdout), json.loads(torch_run.stdout)
+    assert by_onnx["runtime"] == "onnx" and by_onnx["total"] == by_torch["total"] > 0
+    assert by_onnx["correct"] == by_torch["correct"]
+    assert by_onnx["accuracy"] == pytest.approx(by_torch["accuracy"], abs=1e-6)
+    assert by_onnx["per_class"] == pytest.approx(by_torch["per_class"], abs=1e-6)
+
+
+def test_a_build_ships_the_contract_and_reports_how_close_it_came(built):
+    out, _ = built
+    report = json.loads((out / "report.json").read_text())
+    assert report["serving_files"] == ["onnx/serving.json", "onnx/tokenizer.json"]
+    figures = report["verify"]["equivalence"]
+    assert figures["serving_text_max_abs_diff"] <= 1e-5
+    assert figures["serving_preprocess_max_abs_diff"] <= 1e-5  # the world's images: model size
+    assert (
+        figures["serving_inputs_identical"]
+        == f"{figures['check_inputs']}/{figures['check_inputs']}"
+    )
+    contract = json.loads((out / "onnx" / "serving.json").read_text())
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert contract["text"]["context_length"] == config["text_config"]["max_position_embeddings"]
+
+
+def test_a_contract_that_misdescribes_the_preprocessing_fails_the_build(
+    world, tmp_path, monkeypatch
+):
+    from conftest import write_recipe
+    from ptc.targets.hf_clip import HFClip
+
+    described = HFClip.serving_preprocessing
+
+    def wrong_mean(self):
+        record = described(self)
+        return {**record, "mean": [0.5, 0.5, 0.5]}
+
+    monkeypatch.setattr(HFClip, "serving_preprocessing", wrong_mean)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    result = run_ptc("build", recipe)
+    assert result.returncode != 0
+    assert "serving_preprocess_max_abs_diff" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_a_contract_is_one_clear_line(world, tmp_path):
+    data = world.tasks["colour"].parent / "test"
+    result = run_ptc(
+        "eval",
+        tmp_path,
+        "--runtime",
+        "onnx",
+        "--task",
+        "colour",
+        "--data",
+        data,
+        "--bank",
+        world.bank,
+    )
+    assert result.returncode == 2
+    assert f"{tmp_path}: no serving.json" in result.stderr
+
+
+CARD_PROMPTS = ["a photo of a cat", "a photo of a dog"]  # the prompts the card's snippets embed
+
+
+def test_every_python_snippet_in_the_card_runs_as_written(built):
+    out, _ = built
+    expected = targets.load(f"hf:{out / 'model'}").embed_prompts(CARD_PROMPTS).numpy()
+    assert run_card_snippets(out, expected) == 3  # transformers, onnxruntime, ptc's client
