@@ -28,7 +28,7 @@ def shipped(world, tmp_path_factory):
         export={
             "out": str(folder / "out"),
             "formats": ["onnx", "safetensors", "triton"],
-            "precision": ["fp32", "fp16"],
+            "precision": ["fp32", "fp16", "int8"],
             "triton": {"max_batch_size": 16},
         },
     )
@@ -74,8 +74,10 @@ def test_triton_configs_match_the_onnx_graphs(shipped):
     assert sorted(report["triton_models"]) == [
         "text_model",
         "text_model_fp16",
+        "text_model_int8",
         "vision_model",
         "vision_model_fp16",
+        "vision_model_int8",
     ]
     for name in report["triton_models"]:
         config = parse_pbtxt((out / "triton" / name / "config.pbtxt").read_text())
@@ -113,9 +115,66 @@ def test_fp16_towers_keep_fp32_io_and_agree_with_fp32(world, shipped):
     assert cosine.min() >= 0.999
 
 
+def test_int8_towers_quantise_the_weights_keep_the_feeds_and_agree_with_fp32(world, shipped):
+    out, report = shipped
+    figures = report["verify"]["equivalence"]
+    assert figures["int8_min_cosine"] >= 0.99 and figures["int8_top1_agreement"] == 1.0
+    quantised = onnx.load(str(out / "onnx" / "vision_model_int8.onnx"))
+    assert any(t.data_type == onnx.TensorProto.INT8 for t in quantised.graph.initializer)
+    assert "MatMulInteger" in {node.op_type for node in quantised.graph.node}
+    sizes = report["onnx_bytes"]
+    assert sizes["onnx/vision_model_int8.onnx"] < 0.6 * sizes["onnx/vision_model.onnx"]
+    probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:6]
+    pixels = clip_pixels(probes, out / "model").numpy()
+    a, b = (
+        ort.InferenceSession(str(out / "onnx" / name), providers=["CPUExecutionProvider"]).run(
+            None, {"pixel_values": pixels}
+        )[0]
+        for name in ("vision_model.onnx", "vision_model_int8.onnx")
+    )
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert b.dtype == np.float32 and cosine.min() >= 0.99
+    card = (out / "README.md").read_text()
+    mb = sizes["onnx/vision_model_int8.onnx"] / 1e6
+    assert f"| `onnx/vision_model_int8.onnx` | int8 | {mb:.1f} MB |" in card
+    assert f"int8 ONNX vs fp32 ONNX, lowest cosine: {figures['int8_min_cosine']:.6f}" in card
+
+
+def test_an_int8_tower_below_its_cosine_floor_fails_the_build(world, tmp_path):
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        world,
+        export={"out": str(tmp_path / "out"), "precision": ["fp32", "int8"]},
+        verify={"int8_min_cosine": 0.9999999},
+    )
+    result = run_ptc("build", recipe)
+    assert result.returncode == 3, result.stderr
+    assert "int8_min_cosine" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_graph_onnxruntime_cannot_quantise_is_refused_in_one_line(world, tmp_path, monkeypatch):
+    import onnxruntime.quantization
+
+    def refuse(*args, **kwargs):
+        raise ValueError("unsupported op in graph")
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", refuse)
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        world,
+        export={"out": str(tmp_path / "out"), "precision": ["fp32", "int8"]},
+    )
+    result = run_ptc("build", recipe)
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+    assert "onnxruntime cannot quantise this graph: ValueError: unsupported op in graph" in (
+        result.stderr
+    )
+    assert "remove int8 from export.precision" in result.stderr
+
+
 def test_provenance_in_onnx_and_safetensors_metadata(shipped):
     out, report = shipped
-    for name in ("vision_model", "text_model_fp16"):
+    for name in ("vision_model", "text_model_fp16", "vision_model_int8"):
         props = {
             p.key: p.value for p in onnx.load(str(out / "onnx" / f"{name}.onnx")).metadata_props
         }
@@ -123,7 +182,7 @@ def test_provenance_in_onnx_and_safetensors_metadata(shipped):
             props["ptc_lock_hash"] == report["lock_hash"]
             and props["ptc_version"] == report["ptc_version"]
         )
-        assert props["ptc_precision"] == ("fp16" if name.endswith("fp16") else "fp32")
+        assert props["ptc_precision"] == name.rpartition("_")[2].replace("model", "fp32")
     with safe_open(str(out / "model" / "model.safetensors"), framework="pt") as handle:
         metadata = handle.metadata()
     assert metadata["format"] == "pt" and metadata["ptc_lock_hash"] == report["lock_hash"]
@@ -229,7 +288,7 @@ def test_report_and_card_give_every_graphs_inputs_and_outputs_as_onnxruntime_see
     card = (out / "README.md").read_text()
     assert (
         set(report["onnx_interface"]) == set(report["onnx_files"])
-        and len(report["onnx_files"]) == 4
+        and len(report["onnx_files"]) == 6
     )
     for graph, spec in report["onnx_interface"].items():
         # independently

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ptc import __version__, targets
@@ -18,7 +19,8 @@ from ptc.compiler.embed import model_info
 from ptc.compiler.export.card import base_model_name, model_card
 from ptc.compiler.export.card_plot import PLOT_NAME, evaluation_png
 from ptc.compiler.export.fp16 import fp16_variant
-from ptc.compiler.export.onnx_graph import Interface, interface
+from ptc.compiler.export.int8 import int8_variant
+from ptc.compiler.export.onnx_graph import Interface, interface, onnx_files
 from ptc.compiler.export.onnx_run import ProviderRun, min_row_cosine, run_onnx
 from ptc.compiler.export.serving import (
     LONG_PROMPT,
@@ -29,6 +31,7 @@ from ptc.compiler.export.serving import (
 from ptc.compiler.export.stamp import stamp_safetensors
 from ptc.compiler.export.tower_cache import write_tower
 from ptc.compiler.export.triton import write_triton_model
+from ptc.compiler.method.descriptor import class_embeddings, normalise
 from ptc.compiler.recipe.lock import (
     LOCK_NAME,
     RUN_RECORD,
@@ -56,6 +59,8 @@ from ptc.targets.base import Family, OnnxTower, batch_rows
 # The reload is checked end to end on a few of the check inputs and prompts (weights, config,
 # tokenizer); its preprocessing on all of them. The edited model's own figures are the route's.
 RELOAD_CHECKS = 4
+# What writes each reduced-precision variant of a tower (export.precision), from its fp32 graph.
+REDUCED_PRECISIONS = {"fp16": fp16_variant, "int8": int8_variant}
 # The serving contract's tokenizer is checked on the recipe's prompts, at most this many.
 SERVING_PROMPTS = 64
 
@@ -66,7 +71,9 @@ class TowerExport:
 
     diff: float
     provider: ProviderRun
-    cosines: list[float] = field(default_factory=list)
+    outputs: np.ndarray | None = None  # the fp32 graph's on the check inputs (input tower)
+    cosines: dict[str, list[float]] = field(default_factory=dict)  # per reduced precision
+    variant_outputs: dict[str, np.ndarray] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     interfaces: dict[str, Interface] = field(default_factory=dict)
     triton_models: list[str] = field(default_factory=list)
@@ -267,18 +274,46 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
         exported.onnx_files += t.files
         exported.onnx_interface.update(t.interfaces)
         exported.triton_models += t.triton_models
-    cosines = [c for t in towers for c in t.cosines]
-    if cosines:
-        exported.fp16_min_cosine = require_at_least(
-            "fp16_min_cosine", min(cosines), verify.fp16_min_cosine
+    for precision, limit in (("fp16", verify.fp16_min_cosine), ("int8", verify.int8_min_cosine)):
+        cosines = [c for t in towers for c in t.cosines.get(precision, [])]
+        if cosines:
+            name = f"{precision}_min_cosine"
+            setattr(exported, name, require_at_least(name, min(cosines), limit))
+    first = towers[0]
+    if first.outputs is not None and "int8" in first.variant_outputs:
+        agreement = top1_agreement(staging, first.outputs, first.variant_outputs["int8"])
+        exported.int8_top1_agreement = require_at_least(
+            "int8_top1_agreement", agreement, verify.int8_min_top1_agreement
         )
+    exported.onnx_bytes = {
+        f"onnx/{p.name}": sum(f.stat().st_size for f in onnx_files(p))
+        for p in sorted((staging.folder / "onnx").glob("*.onnx"))
+    }
     export_serving(staging, edited_towers, exported)
+
+
+def top1_agreement(staging: Staging, reference: np.ndarray, reduced: np.ndarray) -> float:
+    """How often a reduced-precision input tower picks the fp32 tower's zero-shot class on the
+    check inputs, with each term's class prompts (the edited model's text embeddings)."""
+    edited, agreeing, counted = staging.edited.edit.edited, 0, 0
+    for term in staging.plan.terms:
+        task = term.task
+        rows = class_embeddings(
+            edited.embed_prompts(list(task.prompts)).double(), len(task.classes)
+        )
+        picks = [
+            (normalise(torch.from_numpy(z).double()) @ rows.T).argmax(dim=1)
+            for z in (reference, reduced)
+        ]
+        agreeing += int((picks[0] == picks[1]).sum())
+        counted += len(picks[0])
+    return agreeing / counted
 
 
 def export_serving(staging: Staging, towers: list[OnnxTower], exported: Exported) -> None:
     """The serving contract beside the graphs, held to the family: the client's preprocessing
-    of the check input files against the batch the graphs were verified on (within one
-    intensity level for a resized image), and its tokenizer and text graph against the edited
+    of the check input files against the batch the graphs were verified on (within two
+    intensity levels for a resized image), and its tokenizer and text graph against the edited
     model's prompt embeddings, a prompt past the context included (within the build's
     tolerance). Inputs the client preprocesses identically get the graph's verified output."""
     plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
@@ -323,18 +358,21 @@ def export_onnx_tower(
                 expected = tower.module(**inputs)
         got, provider = run_onnx(path, inputs)
         result = TowerExport(max_abs_difference(got, expected), provider)
+        result.outputs = got if index == 0 else None
     variants = [(tower.name, path)]
     result.files.append(f"onnx/{path.name}")
     result.interfaces[f"onnx/{path.name}"] = interface(path)
-    if "fp16" in export.precision:
-        half = path.with_name(f"{tower.name}_fp16.onnx")
-        with run.stage("export_fp16"):
-            fp16_variant(path, half, provenance)
-        with run.stage("verify_fp16"):
-            result.cosines.append(min_row_cosine(run_onnx(half, inputs)[0], got))
-        variants.append((f"{tower.name}_fp16", half))
-        result.files.append(f"onnx/{half.name}")
-        result.interfaces[f"onnx/{half.name}"] = interface(half)
+    for precision in (p for p in export.precision if p != "fp32"):
+        reduced = path.with_name(f"{tower.name}_{precision}.onnx")
+        with run.stage(f"export_{precision}"):
+            REDUCED_PRECISIONS[precision](path, reduced, provenance)
+        with run.stage(f"verify_{precision}"):
+            outputs = run_onnx(reduced, inputs)[0]
+            result.cosines[precision] = [min_row_cosine(outputs, got)]
+            result.variant_outputs[precision] = outputs
+        variants.append((reduced.stem, reduced))
+        result.files.append(f"onnx/{reduced.name}")
+        result.interfaces[f"onnx/{reduced.name}"] = interface(reduced)
     if "triton" in export.formats:
         with run.stage("export_triton"):
             for name, onnx_path in variants:

@@ -30,6 +30,9 @@ class Exported:
     reload_max_abs_diff: float | None = None
     native_ref: str | None = None  # how the native checkpoint reloads ("hf:model")
     fp16_min_cosine: float | None = None
+    int8_min_cosine: float | None = None
+    int8_top1_agreement: float | None = None
+    onnx_bytes: dict[str, int] = field(default_factory=dict)  # each graph with its data file
     serving_preprocess_max_abs_diff: float | None = None
     serving_inputs_identical: str | None = None  # "k/n" check inputs preprocessed identically
     serving_text_max_abs_diff: float | None = None
@@ -47,6 +50,8 @@ class Exported:
             "onnx_provider_fell_back",
             "reload_max_abs_diff",
             "fp16_min_cosine",
+            "int8_min_cosine",
+            "int8_top1_agreement",
             "serving_preprocess_max_abs_diff",
             "serving_inputs_identical",
             "serving_text_max_abs_diff",
@@ -73,6 +78,7 @@ class BuildReport:
     precision: list[str]
     triton_models: list[str]
     onnx_files: list[str]
+    onnx_bytes: dict[str, int]  # each graph's size with its data file
     serving_files: list[str]  # the serving contract and its tokenizer, beside the graphs
     onnx_interface: dict[str, Any]  # per graph: its inputs' and outputs' names, dtypes and shapes
     # per grid: the device and precision that made the target's embeddings
@@ -101,6 +107,7 @@ class BuildReport:
             "precision": self.precision,
             "triton_models": self.triton_models,
             "onnx_files": self.onnx_files,
+            "onnx_bytes": self.onnx_bytes,
             "serving_files": self.serving_files,
             "onnx_interface": self.onnx_interface,
             "embeddings": self.embeddings,
@@ -212,6 +219,7 @@ def build_report(
         precision=list(recipe.export.precision),
         triton_models=exported.triton_models,
         onnx_files=exported.onnx_files,
+        onnx_bytes=exported.onnx_bytes,
         serving_files=exported.serving_files,
         onnx_interface=exported.onnx_interface,
         embeddings={name: emb.made_by for name, emb in edited.grids.items()},

@@ -70,6 +70,22 @@ def _onnx_section(serving: Contract, interfaces: dict[str, Any]) -> str:
     )
 
 
+def _sizes_table(sizes: dict[str, int]) -> str:
+    """Each graph's size on disk with its data file: what a precision saves."""
+    if not sizes:
+        return ""
+    rows = "\n".join(
+        f"| `{graph}` | {_precision_of(graph)} | {size / 1e6:.1f} MB |"
+        for graph, size in sizes.items()
+    )
+    return f"\n| graph | precision | size |\n| --- | --- | --- |\n{rows}\n"
+
+
+def _precision_of(graph: str) -> str:
+    stem = Path(graph).stem
+    return next((p for p in ("fp16", "int8") if stem.endswith(f"_{p}")), "fp32")
+
+
 def base_model_name(encoder: Family) -> str:
     """The base model as whoever receives the output can find it: its Hub id where it came from
     the Hub, else its checkpoint folder's name and its fingerprints, which identify the weights
@@ -112,6 +128,11 @@ def model_card(
         )
     if eq.get("fp16_min_cosine") is not None:
         figures.append(f"- fp16 ONNX vs fp32 ONNX, lowest cosine: {eq['fp16_min_cosine']:.6f}")
+    if eq.get("int8_min_cosine") is not None:
+        figures.append(
+            f"- int8 ONNX vs fp32 ONNX, lowest cosine: {eq['int8_min_cosine']:.6f}; zero-shot "
+            f"top-1 agreement on the check inputs: {eq['int8_top1_agreement']:.1%}"
+        )
     if eq.get("reload_max_abs_diff") is not None:
         figures.append(f"- reloaded safetensors vs torch: {eq['reload_max_abs_diff']:.2e}")
     tags = ["ptc", "task-arithmetic", "platonic-task-arithmetic", report["route"].replace("_", "-")]
@@ -122,6 +143,7 @@ def model_card(
     )
     if report.get("onnx_files") and serving is not None:
         loading.append(_onnx_section(serving, report.get("onnx_interface", {})))
+        loading.append(_sizes_table(report.get("onnx_bytes", {})))
     if report.get("triton_models"):
         loading.append(
             "### Triton\n```bash\ntritonserver --model-repository=triton\n"

@@ -184,6 +184,10 @@ class Verify(_Strict):
     linearity_rtol_fp64: float = 1e-12
     equivalence_atol: float = 1e-5
     fp16_min_cosine: float = 0.999  # fp16 ONNX towers against the fp32 ones, per output row
+    int8_min_cosine: float = 0.99  # int8 ONNX towers against the fp32 ones, per output row
+    # zero-shot top-1 of the int8 input tower against the fp32 one on the check inputs, with
+    # each term's class prompts
+    int8_min_top1_agreement: float = pydantic.Field(default=1.0, ge=0.0, le=1.0)
     # Relative descriptor residual ||S_edit - S_pre - sum w U|| / ||sum w U|| per grid; None
     # reports it without a limit.
     max_descriptor_residual: float | None = None
@@ -222,8 +226,8 @@ class Triton(_Strict):
 class Export(_Strict):
     out: PathText | None = None
     formats: tuple[Literal["onnx", "safetensors", "triton"], ...] = FORMATS
-    # fp16: extra *_fp16.onnx towers, fp32 I/O
-    precision: tuple[Literal["fp32", "fp16"], ...] = ("fp32",)
+    # fp16: extra *_fp16.onnx towers, fp32 I/O; int8: *_int8.onnx, weights quantised for CPUs
+    precision: tuple[Literal["fp32", "fp16", "int8"], ...] = ("fp32",)
     triton: Triton = Triton()
 
     @pydantic.field_validator("formats", "precision", mode="before")
@@ -237,13 +241,15 @@ class Export(_Strict):
 
     @pydantic.model_validator(mode="after")
     def _needs_onnx(self) -> Export:
-        if "onnx" not in self.formats and ("triton" in self.formats or "fp16" in self.precision):
+        reduced = [p for p in self.precision if p != "fp32"]
+        if "onnx" not in self.formats and ("triton" in self.formats or reduced):
             raise ValueError(
-                "'triton' and fp16 precision are made from the ONNX towers: add 'onnx' to formats"
+                "'triton' and fp16 or int8 precision are made from the ONNX towers: add 'onnx' "
+                "to formats"
             )
         if "fp32" not in self.precision:
             raise ValueError(
-                "precision must include fp32 (the fp16 towers are verified against it)"
+                "precision must include fp32 (the fp16 and int8 towers are verified against it)"
             )
         return self
 
