@@ -56,3 +56,38 @@ def test_a_siglip_edit_loads_in_sentence_transformers_to_its_own_embeddings(worl
     assert (images - encoder.embed_inputs(encoder.load_inputs(probes))).abs().max() > 1e-3  # edited
     prompts = ["a red square", LONG_PROMPT]
     assert (_encode(model, prompts) - edited.embed_prompts(prompts)).abs().max() <= 1e-5
+
+
+def test_a_clap_edit_loads_in_sentence_transformers_to_its_embeddings_normalised(tmp_path):
+    """sentence-transformers runs CLAP through get_text_features and get_audio_features, which
+    L2-normalise; the edit's towers return the projection before that. The same directions,
+    so the same cosines and the same zero-shot predictions."""
+    import soundfile
+
+    from ptc.lab.tiny import hf_clap
+
+    encoder = targets.load(f"hf:{hf_clap.build_tiny(tmp_path / 'clap', embed_dim=20, seed=4)}")
+    edit = 0.05 * torch.randn(
+        encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0)
+    )
+    edited = encoder.with_edit(edit)
+    edited.save_native(tmp_path / "edited")
+    model = sentence_transformers.SentenceTransformer(str(tmp_path / "edited"), device="cpu")
+    rate = encoder.processor.sampling_rate
+    waves = [np.sin(np.arange(rate) / k).astype(np.float32) for k in (5.0, 11.0, 23.0)]
+    for index, wave in enumerate(waves):
+        soundfile.write(str(tmp_path / f"{index}.wav"), wave, rate, subtype="FLOAT")
+    clips = _encode(model, [{"array": wave, "sampling_rate": rate} for wave in waves])
+    expected = edited.embed_inputs(edited.load_inputs(sorted(tmp_path.glob("*.wav"))))
+
+    def unit(rows: torch.Tensor) -> torch.Tensor:
+        return rows / rows.norm(dim=-1, keepdim=True)
+
+    assert (unit(clips) - unit(expected)).abs().max() <= 1e-5
+    assert (
+        unit(expected)
+        - unit(encoder.embed_inputs(encoder.load_inputs(sorted(tmp_path.glob("*.wav")))))
+    ).abs().max() > 1e-3  # edited
+    prompts = ["the sound of a bell", LONG_PROMPT]
+    texts = _encode(model, prompts)
+    assert (unit(texts) - unit(edited.embed_prompts(prompts))).abs().max() <= 1e-5

@@ -10,12 +10,14 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from PIL import Image
 
 from conftest import FAMILIES, REPO, run_card_snippets, run_ptc
 from ptc import targets
 from ptc.compiler.bank.store import Bank
+from ptc.compiler.export.int8 import int8_variant
 from ptc.compiler.export.onnx_graph import export_onnx
 from ptc.compiler.export.serving import (
     LONG_PROMPT,
@@ -23,8 +25,11 @@ from ptc.compiler.export.serving import (
     preprocess_tolerance,
     write_contract,
 )
+from ptc.compiler.export.triton import write_triton_model
+from ptc.compiler.serve.client import OnnxClient
 from ptc.compiler.serve.preprocess import input_arrays
 from ptc.compiler.tasks.labelled import labelled_files
+from triton_fake import FakeTriton, request_inputs
 
 # The client in a fresh interpreter: embeddings of the files and prompts given, written as .npy
 # (no pickle), and whether anything imported torch on the way.
@@ -45,13 +50,13 @@ CLIENT = textwrap.dedent(
 )
 
 
-def _held_out(request, modality: str) -> tuple[list[Path], list[int], list[str], int]:
-    """The world's held-out files of one task with their labels, and its class-major prompts."""
+def _held_out(request, modality: str) -> tuple[list[Path], list[str], int]:
+    """The world's held-out files of one task, its class-major prompts and its class count."""
     world = request.getfixturevalue("audio_world" if modality == "audio" else "world")
     name = "pitch" if modality == "audio" else "colour"
     task = Bank(world.bank).task(name)
     pairs = labelled_files(world.tasks[name].parent / "test", task.classes)
-    return [p for p, _ in pairs], [c for _, c in pairs], list(task.prompts), len(task.classes)
+    return [p for p, _ in pairs], list(task.prompts), len(task.classes)
 
 
 def _top1(inputs: np.ndarray, texts: np.ndarray, n_classes: int) -> np.ndarray:
@@ -71,14 +76,17 @@ def _serving_folder(encoder, folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# EVA02's tiny tower takes 40 s to export on 2 cores: its preprocessing is open_clip's (held
+# below) and test_families' EVA02 build holds its contract, as every build does.
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"open_clip-eva02"}))
 def test_an_onnx_only_client_gives_the_familys_embeddings_and_predictions(
     family, tmp_path, request
 ):
     build, scheme, modality = (*FAMILIES[family], "image")[:3]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
     folder = _serving_folder(encoder, tmp_path / "onnx")
-    paths, labels, prompts, n_classes = _held_out(request, modality)
+    paths, prompts, n_classes = _held_out(request, modality)
+    paths = paths[::2]  # every class, half the files
     prompts_asked = [*prompts, LONG_PROMPT, "A PHOTO, of   a blue-ish  circle!"]
     (tmp_path / "request.json").write_text(
         json.dumps({"paths": [str(p) for p in paths], "prompts": prompts_asked})
@@ -98,6 +106,36 @@ def test_an_onnx_only_client_gives_the_familys_embeddings_and_predictions(
     n = len(prompts)
     predictions = _top1(inputs, texts[:n], n_classes)
     assert np.array_equal(predictions, _top1(expected_inputs, expected_texts[:n], n_classes))
+    # Triton, the deployer's way: the contract's arrays as tritonclient sends them, held to
+    # each model's config.pbtxt and run through the repository's graph
+    server, contract = FakeTriton(tmp_path / "triton"), OnnxClient(folder)
+    for graph in sorted(folder.glob("*.onnx")):
+        write_triton_model(server.repository, graph.stem, graph, max_batch_size=8)
+    served = {
+        "input": server.infer(
+            contract.contract["input"]["graph"].removesuffix(".onnx"),
+            request_inputs(contract.input_arrays(paths[:4])),
+        ).as_numpy(contract.contract["input"]["output"]),
+        "text": server.infer(
+            contract.contract["text"]["graph"].removesuffix(".onnx"),
+            request_inputs(contract.token_arrays(prompts_asked[-2:])),
+        ).as_numpy(contract.contract["text"]["output"]),
+    }
+    assert np.abs(served["input"] - expected_inputs[:4]).max() <= 1e-5
+    assert np.abs(served["text"] - expected_texts[-2:]).max() <= 1e-5
+    # int8 for CPU serving: every family's graphs quantise and take the same feeds (the build
+    # holds each output to verify.int8_min_cosine; these random tiny weights are no measure of
+    # it: the lowest, SigLIP's text tower, gives 0.88)
+    feeds = {"input": contract.input_arrays(paths[:4]), "text": contract.token_arrays(prompts)}
+    for side, arrays in feeds.items():
+        graph = folder / contract.contract[side]["graph"]
+        int8_variant(graph, graph.with_name(f"{graph.stem}_int8.onnx"), {})
+        full, quantised = (
+            ort.InferenceSession(str(g), providers=["CPUExecutionProvider"]).run(None, arrays)[0]
+            for g in (graph, graph.with_name(f"{graph.stem}_int8.onnx"))
+        )
+        cosine = (full * quantised).sum(1) / np.linalg.norm(full, axis=1)
+        assert (cosine / np.linalg.norm(quantised, axis=1)).min() > 0.8, side
 
 
 @pytest.mark.parametrize("family", sorted(name for name, row in FAMILIES.items() if len(row) == 2))
