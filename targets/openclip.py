@@ -308,17 +308,19 @@ class OpenClip(OnDevice):
 
     def _image_record(self) -> dict[str, Any]:
         """open_clip's eval transform as the contract's record: torchvision's Resize and
-        CenterCrop on a PIL image (the centring offset rounded half to even)."""
-        cfg = self.config["preprocess_cfg"]
-        size = cfg.get("size", self.model.visual.image_size)
+        CenterCrop on a PIL image (the centring offset rounded half to even), or, for a longest
+        edge or a non-square target, its ResizeKeepRatio and CenterCropOrPad."""
+        from open_clip.transform import PreprocessCfg
+
+        cfg = PreprocessCfg(**self.config["preprocess_cfg"])  # with open_clip's own defaults
+        size = cfg.size
         height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-        mode = cfg.get("resize_mode", "shortest")
-        interpolation = cfg.get("interpolation", "bicubic")
-        if mode not in ("shortest", "squash") or (mode == "shortest" and height != width):
+        mode, interpolation = cfg.resize_mode, cfg.interpolation
+        if mode not in ("shortest", "squash", "longest"):
             raise OutputError(
-                f"{self.ref}: preprocess_cfg resizes by {mode!r} to {height}x{width}, which the "
-                "serving contract does not describe",
-                "use resize_mode shortest (square size) or squash, or export formats: [safetensors]",
+                f"{self.ref}: preprocess_cfg resize_mode {mode!r} is not one the serving "
+                "contract describes",
+                "use shortest, longest or squash, or export formats: [safetensors]",
             )
         if interpolation not in ("bicubic", "bilinear", "nearest"):
             raise OutputError(
@@ -326,17 +328,23 @@ class OpenClip(OnDevice):
                 "serving contract describes",
                 "use bicubic, bilinear or nearest",
             )
-        squash = mode == "squash"
+        crop = {"height": height, "width": width, "offset": "round_half_even"}
+        if mode == "squash":
+            resize: dict[str, Any] = {"height": height, "width": width}
+        elif mode == "shortest" and height == width:
+            resize = {"shortest_edge": height}
+        else:  # ResizeKeepRatio: the scale that fits the longer (or shorter) side, then pad or crop
+            fit = "longest" if mode == "longest" else "shortest"
+            resize = {"keep_ratio": {"height": height, "width": width, "fit": fit}}
+            crop["fill"] = int(cfg.fill_color)
         return image_record(
             input_name="pixel_values",
-            resize={"height": height, "width": width} if squash else {"shortest_edge": height},
+            resize=resize,
             interpolation=interpolation,
-            center_crop=None
-            if squash
-            else {"height": height, "width": width, "offset": "round_half_even"},
+            center_crop=None if mode == "squash" else crop,
             rescale=1 / 255,
-            mean=list(cfg.get("mean", open_clip_mean())),
-            std=list(cfg.get("std", open_clip_std())),
+            mean=list(cfg.mean),
+            std=list(cfg.std),
         )
 
     def load_snippet(self, folder: str) -> str:
@@ -464,15 +472,3 @@ def check(rest: str, base_dir: Path) -> str:
 
 
 register_scheme("open_clip", OpenClip.load, check)
-
-
-def open_clip_mean() -> tuple[float, ...]:
-    from open_clip.constants import OPENAI_DATASET_MEAN
-
-    return tuple(OPENAI_DATASET_MEAN)
-
-
-def open_clip_std() -> tuple[float, ...]:
-    from open_clip.constants import OPENAI_DATASET_STD
-
-    return tuple(OPENAI_DATASET_STD)

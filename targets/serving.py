@@ -46,7 +46,7 @@ def interpolation_name(resample: Any, ref: str) -> str:
 def image_record(
     *,
     input_name: str,
-    resize: dict[str, int] | None,
+    resize: dict[str, Any] | None,
     interpolation: str,
     center_crop: dict[str, Any] | None,
     rescale: float,

@@ -138,22 +138,53 @@ def test_an_onnx_only_client_gives_the_familys_embeddings_and_predictions(
         assert (cosine / np.linalg.norm(quantised, axis=1)).min() > 0.8, side
 
 
-@pytest.mark.parametrize("family", sorted(name for name, row in FAMILIES.items() if len(row) == 2))
-def test_images_of_any_size_preprocess_as_the_family_does_to_one_intensity_level(family, tmp_path):
-    """PIL resizes where the families' processors use torchvision: the two round a few pixels
-    apart, never by more than one level (the build holds every output to it)."""
-    build, scheme = FAMILIES[family]
-    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
-    rng = np.random.default_rng(0)
-    paths = []
+def _smooth_images(folder: Path) -> list[Path]:
+    """Images of several sizes, smooth as photographs are (noise would test only the resize
+    filters' far tails), one already at the tiny models' 32 x 32."""
+    rng, paths = np.random.default_rng(0), []
     for width, height in [(50, 37), (33, 35), (200, 120), (20, 25), (64, 64), (32, 32)]:
-        # smooth content, as photographs are: noise would test the filters' far tails only
         y, x = np.mgrid[0:height, 0:width]
         phase = rng.uniform(0, 6, size=3)
         pixels = np.stack([127 + 120 * np.sin(x / 7 + y / 11 + p) for p in phase], axis=-1)
-        path = tmp_path / f"{width}x{height}.png"
+        path = folder / f"{width}x{height}.png"
         Image.fromarray(pixels.astype(np.uint8)).save(path)
         paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize(
+    "preprocess",
+    [
+        {"resize_mode": "longest", "fill_color": 0},
+        {"resize_mode": "longest", "fill_color": 128},
+        {"resize_mode": "shortest", "size": [32, 24]},
+    ],
+)
+def test_open_clips_keep_ratio_transforms_preprocess_identically(preprocess, tmp_path):
+    """open_clip's ResizeKeepRatio and CenterCropOrPad, described as data: PIL on both sides."""
+    from ptc.lab.tiny import openclip
+
+    folder = openclip.build_tiny(tmp_path / "m", width=32, embed_dim=20, seed=2)
+    config = json.loads((folder / "open_clip_config.json").read_text())
+    config["preprocess_cfg"].update(preprocess)
+    (folder / "open_clip_config.json").write_text(json.dumps(config))
+    encoder = targets.load(f"open_clip:local-dir:{folder}")
+    paths = _smooth_images(tmp_path)
+    spec = encoder.serving_spec().preprocessing
+    assert "keep_ratio" in spec["resize"]
+    largest, identical = preprocess_difference(
+        input_arrays(paths, spec), encoder.load_inputs(paths)
+    )
+    assert largest <= 1e-6 and identical == len(paths)
+
+
+@pytest.mark.parametrize("family", sorted(name for name, row in FAMILIES.items() if len(row) == 2))
+def test_images_of_any_size_preprocess_as_the_family_does_to_two_intensity_levels(family, tmp_path):
+    """PIL resizes where the families' processors use torchvision: the two round a few pixels
+    apart, by at most two levels (the build holds every output to it)."""
+    build, scheme = FAMILIES[family]
+    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=4)))
+    paths = _smooth_images(tmp_path)
     spec = encoder.serving_spec().preprocessing
     largest, identical = preprocess_difference(
         input_arrays(paths, spec), encoder.load_inputs(paths)

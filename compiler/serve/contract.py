@@ -124,7 +124,10 @@ def describe(contract: Contract) -> list[str]:
         crop = pre.get("center_crop")
         if crop:
             offset = "rounded down" if crop["offset"] == "floor" else "rounded half to even"
-            steps.append(f"centre-crop to {crop['height']}x{crop['width']} (offset {offset})")
+            steps.append(
+                f"centre-crop to {crop['height']}x{crop['width']} (offset {offset}; a smaller "
+                f"image padded with {crop.get('fill', 0)} first)"
+            )
         steps.append(
             f"scale by {pre['rescale']:.8g}, subtract mean {_triple(pre['mean'])}, divide by "
             f"std {_triple(pre['std'])} (RGB)"
@@ -159,6 +162,12 @@ def _image_resize(pre: dict[str, Any]) -> str:
         return "no resize: images must already be the model's size"
     if "shortest_edge" in resize:
         return f"resize ({how}) so the shorter side is {resize['shortest_edge']} pixels"
+    if "keep_ratio" in resize:
+        rule = resize["keep_ratio"]
+        return (
+            f"resize ({how}, aspect kept, sides rounded half to even) so the {rule['fit']} side "
+            f"fits {rule['height']}x{rule['width']}"
+        )
     return f"resize ({how}) to {resize['height']}x{resize['width']}, aspect not kept"
 
 

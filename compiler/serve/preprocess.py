@@ -58,6 +58,14 @@ def shortest_edge_size(width: int, height: int, shortest: int) -> tuple[int, int
     return int(shortest * width / height), shortest
 
 
+def keep_ratio_size(width: int, height: int, rule: dict[str, Any]) -> tuple[int, int]:
+    """(width, height) scaled by one factor so that the longer (`fit: longest`) or the shorter
+    side fits the target, each side rounded half to even (open_clip's ResizeKeepRatio)."""
+    ratios = (height / rule["height"], width / rule["width"])
+    ratio = max(ratios) if rule["fit"] == "longest" else min(ratios)
+    return round(width / ratio), round(height / ratio)
+
+
 def _centre_offset(extra: int, rule: str) -> int:
     return extra // 2 if rule == "floor" else int(round(extra / 2))  # round: half to even
 
@@ -70,6 +78,7 @@ def center_crop(pixels: np.ndarray, crop: dict[str, Any]) -> np.ndarray:
         pixels = np.pad(
             pixels,
             ((pad_h // 2, (pad_h + 1) // 2), (pad_w // 2, (pad_w + 1) // 2), (0, 0)),
+            constant_values=crop.get("fill", 0),
         )
     top = _centre_offset(pixels.shape[0] - height, crop["offset"])
     left = _centre_offset(pixels.shape[1] - width, crop["offset"])
@@ -86,6 +95,9 @@ def image_array(image: Image.Image, spec: dict[str, Any]) -> np.ndarray:
     resize = spec.get("resize")
     if resize and "shortest_edge" in resize:
         size = shortest_edge_size(image.width, image.height, resize["shortest_edge"])
+        image = image.resize(size, _resample(spec))
+    elif resize and "keep_ratio" in resize:
+        size = keep_ratio_size(image.width, image.height, resize["keep_ratio"])
         image = image.resize(size, _resample(spec))
     elif resize:
         image = image.resize((resize["width"], resize["height"]), _resample(spec))
