@@ -46,6 +46,8 @@ def _onnx_section(serving: Contract, interfaces: dict[str, Any]) -> str:
         "attention_mask": '"attention_mask": np.array([e.attention_mask for e in encodings])',
     }
     steps = "\n".join(f"{i}. {step}" for i, step in enumerate(describe(serving), start=1))
+    audio = serving["input"]["preprocessing"]["kind"] == "audio"
+    example = "clip.wav" if audio else "cat.jpg"
     return (
         "### onnxruntime, without torch\n"
         "`onnx/serving.json` holds the preprocessing as data and `onnx/tokenizer.json` the tokenizer, "
@@ -64,7 +66,7 @@ def _onnx_section(serving: Contract, interfaces: dict[str, Any]) -> str:
         "```python\nfrom ptc.compiler.serve.client import OnnxClient\n\n"
         'client = OnnxClient("onnx")\n'
         'text_embeds = client.embed_texts(["a photo of a cat", "a photo of a dog"])\n'
-        '# input_embeds = client.embed_inputs(["cat.jpg"])\n```\n'
+        f'# input_embeds = client.embed_inputs(["{example}"])\n```\n'
         f"What a client does before the graphs see an input:\n\n{steps}\n"
         + _interface_table(interfaces)
     )
