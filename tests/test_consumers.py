@@ -24,6 +24,16 @@ def _encode(model, items) -> torch.Tensor:
     return model.encode(items, convert_to_tensor=True, normalize_embeddings=False).cpu()
 
 
+def _edited_in_sentence_transformers(encoder, folder: Path):
+    """A random edit of `encoder`, saved natively to `folder` and loaded by the library."""
+    edit = 0.05 * torch.randn(
+        encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0)
+    )
+    edited = encoder.with_edit(edit)
+    edited.save_native(folder)
+    return edited, sentence_transformers.SentenceTransformer(str(folder), device="cpu")
+
+
 def test_a_clip_edit_loads_in_sentence_transformers_to_the_verified_embeddings(world, built):
     out, _ = built
     model = sentence_transformers.SentenceTransformer(str(out / "model"), device="cpu")
@@ -43,12 +53,7 @@ def test_a_clip_edit_loads_in_sentence_transformers_to_the_verified_embeddings(w
 
 def test_a_siglip_edit_loads_in_sentence_transformers_to_its_own_embeddings(world, tmp_path):
     encoder = targets.load(f"hf:{hf_siglip.build_tiny(tmp_path / 'siglip', width=40, seed=4)}")
-    edit = 0.05 * torch.randn(
-        encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0)
-    )
-    edited = encoder.with_edit(edit)
-    edited.save_native(tmp_path / "edited")
-    model = sentence_transformers.SentenceTransformer(str(tmp_path / "edited"), device="cpu")
+    edited, model = _edited_in_sentence_transformers(encoder, tmp_path / "edited")
     probes = sorted((world.tasks["colour"].parent / "test").rglob("*.png"))[:4]
     images = _encode(model, [Image.open(p).convert("RGB") for p in probes])
     expected = edited.embed_inputs(edited.load_inputs([Path(p) for p in probes]))
@@ -67,12 +72,7 @@ def test_a_clap_edit_loads_in_sentence_transformers_to_its_embeddings_normalised
     from ptc.lab.tiny import hf_clap
 
     encoder = targets.load(f"hf:{hf_clap.build_tiny(tmp_path / 'clap', embed_dim=20, seed=4)}")
-    edit = 0.05 * torch.randn(
-        encoder.embed_dim, encoder.edit_width, generator=torch.Generator().manual_seed(0)
-    )
-    edited = encoder.with_edit(edit)
-    edited.save_native(tmp_path / "edited")
-    model = sentence_transformers.SentenceTransformer(str(tmp_path / "edited"), device="cpu")
+    edited, model = _edited_in_sentence_transformers(encoder, tmp_path / "edited")
     rate = encoder.processor.sampling_rate
     waves = [np.sin(np.arange(rate) / k).astype(np.float32) for k in (5.0, 11.0, 23.0)]
     for index, wave in enumerate(waves):

@@ -31,7 +31,7 @@ from ptc.compiler.export.serving import (
 from ptc.compiler.export.stamp import stamp_safetensors
 from ptc.compiler.export.tower_cache import write_tower
 from ptc.compiler.export.triton import write_triton_model
-from ptc.compiler.method.descriptor import class_embeddings, normalise
+from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.recipe.lock import (
     LOCK_NAME,
     RUN_RECORD,
@@ -294,13 +294,11 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
 
 def top1_agreement(staging: Staging, reference: np.ndarray, reduced: np.ndarray) -> float:
     """How often a reduced-precision input tower picks the fp32 tower's zero-shot class on the
-    check inputs, with each term's class prompts (the edited model's text embeddings)."""
-    edited, agreeing, counted = staging.edited.edit.edited, 0, 0
-    for term in staging.plan.terms:
-        task = term.task
-        rows = class_embeddings(
-            edited.embed_prompts(list(task.prompts)).double(), len(task.classes)
-        )
+    check inputs, with each term's class rows as the build embedded them (an edit leaves the
+    text tower as it was, so they are the edited model's)."""
+    agreeing, counted = 0, 0
+    for name in dict.fromkeys(term.task.name for term in staging.plan.terms):
+        rows = staging.edited.grids[name].class_rows.double()
         picks = [
             (normalise(torch.from_numpy(z).double()) @ rows.T).argmax(dim=1)
             for z in (reference, reduced)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ptc.compiler.serve.contract import Contract, read_contract
+from ptc.compiler.serve.contract import Contract, contract_folder, read_contract
 from ptc.compiler.serve.preprocess import Arrays, input_arrays
 
 
@@ -19,9 +19,8 @@ class OnnxClient:
     embeddings come back unnormalised, as the graphs return them."""
 
     def __init__(self, folder: Path, providers: list[str] | None = None) -> None:
-        self.contract: Contract = read_contract(Path(folder))
-        root = Path(folder)
-        self.folder = root / "onnx" if (root / "onnx" / "serving.json").is_file() else root
+        self.folder = contract_folder(Path(folder))
+        self.contract: Contract = read_contract(self.folder)
         self.providers = providers or ["CPUExecutionProvider"]
 
     def _session(self, graph: str) -> Any:

@@ -61,12 +61,16 @@ def contract_bytes(contract: Contract) -> bytes:
     return (json.dumps(contract, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
+def contract_folder(folder: Path) -> Path:
+    """Where the contract and the graphs lie: an output's `onnx/`, or the folder given."""
+    folder = Path(folder)
+    return folder / "onnx" if (folder / "onnx" / CONTRACT_FILE).is_file() else folder
+
+
 def read_contract(folder: Path) -> Contract:
     """The contract in an output's `onnx/` folder (or the output folder itself), checked for
     what a client reads: one clear InputError naming the file and field otherwise."""
-    folder = Path(folder)
-    if (folder / "onnx" / CONTRACT_FILE).is_file():
-        folder = folder / "onnx"
+    folder = contract_folder(folder)
     path = folder / CONTRACT_FILE
     if not path.is_file():
         raise InputError(
