@@ -23,6 +23,7 @@ RESULTS = {
     "certify",
     "eval",
     "bank show",
+    "bank prune",
     "zoo show",
 }
 

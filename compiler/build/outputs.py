@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ptc import __version__, targets
+from ptc.compiler.bank.exports import remember_lock
 from ptc.compiler.build.report import BuildReport, Exported, build_report, run_record
 from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
 from ptc.compiler.edit.routes import Run
@@ -29,7 +30,7 @@ from ptc.compiler.export.serving import (
     write_contract,
 )
 from ptc.compiler.export.stamp import stamp_safetensors
-from ptc.compiler.export.tower_cache import write_tower
+from ptc.compiler.export.tower_cache import export_key, write_tower
 from ptc.compiler.export.triton import write_triton_model
 from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.recipe.lock import (
@@ -136,6 +137,7 @@ def write_output(
             f"output directory {plan.out_dir} appeared during the build",
             "pass --force to replace it",
         ) from None
+    remember_lock(plan.bank, plan.out_dir / LOCK_NAME)  # `ptc bank prune` keeps what it names
     return Written(report, lock)
 
 
@@ -181,12 +183,14 @@ def lock_derived(edited: EditedModel, report: BuildReport) -> dict[str, Any]:
         **edited.edit.lock,
         "operators": operators,
         "embeddings": report.embeddings,
+        **({"base_exports": report.base_exports} if report.base_exports else {}),
     }
 
 
 def update_recipe_lock(plan: Plan, document: LockDocument) -> dict[str, Any]:
     """The recipe's lock follows its last build: written, or updated with what changed said."""
     path = recipe_lock_path(plan.recipe_path)
+    remember_lock(plan.bank, path)  # `ptc bank prune` keeps the exports it names
     before = previous_lock(path)
     if before is not None and before == document:
         return {"path": str(path), "state": "unchanged", "changes": []}
@@ -264,6 +268,7 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
         )
         with library_errors(f"ONNX tower {tower.name}", hint, OutputError):
             towers.append(export_onnx_tower(staging, index, base, tower, path, weights_key))
+        exported.base_exports[base.name] = export_key(weights_key, base)
     diff = max(t.diff for t in towers)
     exported.onnx_max_abs_diff = require("onnx_max_abs_diff", diff, verify.equivalence_atol)
     provider = towers[-1].provider

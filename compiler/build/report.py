@@ -40,6 +40,7 @@ class Exported:
     triton_models: list[str] = field(default_factory=list)
     onnx_files: list[str] = field(default_factory=list)
     onnx_interface: dict[str, Any] = field(default_factory=dict)
+    base_exports: dict[str, str] = field(default_factory=dict)  # tower -> its bank export key
 
     def figures(self) -> dict[str, Any]:
         """The measured figures, as report.json's verify.equivalence holds them."""
@@ -83,6 +84,7 @@ class BuildReport:
     onnx_interface: dict[str, Any]  # per graph: its inputs' and outputs' names, dtypes and shapes
     # per grid: the device and precision that made the target's embeddings
     embeddings: dict[str, dict[str, str] | None]
+    base_exports: dict[str, str] = field(default_factory=dict)  # the lock's, not report.json's
     run: dict[str, Any] = field(default_factory=dict)  # run.json: cache counts, timings, peak RSS
     recipe_lock: dict[str, Any] | None = None  # what the build did to RECIPE.lock
     out_dir: Path | None = None  # where it was written; None with --no-export
@@ -222,6 +224,7 @@ def build_report(
         onnx_bytes=exported.onnx_bytes,
         serving_files=exported.serving_files,
         onnx_interface=exported.onnx_interface,
+        base_exports=exported.base_exports,
         embeddings={name: emb.made_by for name, emb in edited.grids.items()},
     )
 

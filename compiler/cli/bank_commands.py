@@ -252,6 +252,58 @@ def bank_show(bank: Path | None, as_json: bool) -> None:
         click.echo(line)
 
 
+class ByteSize(click.ParamType):
+    """A size on disk: 20GB, 500MB, 1.5TB, or bytes (units are powers of 1000, as `ptc bank
+    show` prints them)."""
+
+    name = "size"
+    UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?B?)\s*", str(value).upper())
+        if not found:
+            self.fail(f"{value!r} is not a size (like 20GB, 500MB or 1.5TB)", param, ctx)
+        return int(float(found[1]) * self.UNITS[found[2]])
+
+
+@bank_group.command("prune")
+@options("bank")
+@flag("--max-size", "max_bytes", type=ByteSize(), default=None)
+@flag("--include-locked", is_flag=True)
+@flag("--dry-run", is_flag=True)
+@JSON_FLAG
+@handled
+def bank_prune(
+    bank: Path | None, max_bytes: int | None, include_locked: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Remove exported base graphs (exports/), least recently used first: down to --max-size, or
+    every one that no recipe's or output's lock names. A removed export is made again by the
+    next build that needs it; embeddings, descriptors and operators are never touched."""
+    from ptc.compiler.bank.exports import export_folders, plan_prune, remove_export, sweep_pruned
+    from ptc.compiler.cli.bank_show import locked_exports, prune_lines, prune_report
+    from ptc.errors import BankError
+
+    store = open_bank_at(bank)
+    if not store.exists():
+        raise BankError(
+            f"no bank at {store.root} (no bank.json there)", "pass --bank DIR, or set $PTC_BANK"
+        )
+    locked = locked_exports(store)
+    plan = plan_prune(export_folders(store), set(locked), max_bytes, include_locked)
+    if not dry_run:
+        sweep_pruned(store)
+        for folder in plan.remove:
+            remove_export(store, folder)
+    report = prune_report(store, plan, locked, max_bytes, dry_run)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in prune_lines(report):
+        click.echo(line)
+
+
 @bank_group.command("upgrade")
 @options("bank")
 @handled

@@ -1,17 +1,27 @@
-"""`ptc bank show`: what a bank holds and what each entry was made from, read off the entries'
-sealed records (their safetensors headers) without loading a tensor or importing torch. It
-reports what it finds; `ptc bank verify` is what checks the hashes."""
+"""`ptc bank show` and `ptc bank prune`'s report: what a bank holds, the space each part takes,
+and what each entry was made from, read off the entries' sealed records (their safetensors
+headers) without loading a tensor or importing torch. It reports what it finds; `ptc bank
+verify` is what checks the hashes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ptc.compiler.bank.exports import (
+    ExportFolder,
+    PrunePlan,
+    export_folders,
+    remembered_locks,
+)
 from ptc.compiler.bank.store import MARKER, Bank
 from ptc.compiler.cli.tables import table
+from ptc.compiler.recipe.lock import named_base_exports
 from ptc.errors import BankError
 
+PARTS = ("tasks", "descriptors", "embeddings", "factors", "operators", "exports")
 CACHES = {
     "embeddings": "embeddings",
     "factors": "factors",
@@ -68,14 +78,16 @@ def describe(bank: Bank) -> dict[str, Any]:
                 "descriptors": sorted(descriptors.get(name, []), key=lambda d: d["id"]),
             }
         )
+    locked = locked_exports(bank)
     exports = [
         {
-            "key": folder.name,
-            "towers": sorted(p.stem for p in folder.glob("*.json")),
-            "bytes": _size(folder.iterdir()),
+            "key": folder.key,
+            "towers": list(folder.towers),
+            "bytes": folder.bytes,
+            "last_used": _when(folder.last_used),
+            "locked_by": locked.get(folder.key, []),
         }
-        for folder in sorted(bank.root.glob("exports/*"))
-        if folder.is_dir()
+        for folder in export_folders(bank)
     ]
     return {
         "bank": str(bank.root),
@@ -89,7 +101,71 @@ def describe(bank: Bank) -> dict[str, Any]:
             rel: meta["unreadable"] for rel, meta in entries.items() if "unreadable" in meta
         },
         "bytes": _size(bank.root.rglob("*")),
+        "parts": {part: _size((bank.root / part).rglob("*")) for part in PARTS},
     }
+
+
+def locked_exports(bank: Bank) -> dict[str, list[str]]:
+    """Export key -> the lock files (remembered by the bank, still on disk) that name it."""
+    locked: dict[str, list[str]] = {}
+    for lock in remembered_locks(bank):
+        for key in sorted(named_base_exports(Path(lock))):
+            locked.setdefault(key, []).append(lock)
+    return locked
+
+
+def _when(seconds: float) -> str | None:
+    return (
+        datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        if seconds
+        else None
+    )
+
+
+def prune_report(
+    bank: Bank, plan: PrunePlan, locked: dict[str, list[str]], max_bytes: int | None, dry_run: bool
+) -> dict[str, Any]:
+    def row(folder: ExportFolder) -> dict[str, Any]:
+        return {
+            "key": folder.key,
+            "towers": list(folder.towers),
+            "bytes": folder.bytes,
+            "last_used": _when(folder.last_used),
+            "locked_by": locked.get(folder.key, []),
+        }
+
+    return {
+        "bank": str(bank.root),
+        "dry_run": dry_run,
+        "max_bytes": max_bytes,
+        "removed": [row(f) for f in plan.remove],
+        "kept_locked": [row(f) for f in plan.keep_locked],
+        "exports_bytes_before": plan.bytes_before,
+        "exports_bytes_after": plan.bytes_after,
+    }
+
+
+def prune_lines(report: dict[str, Any]) -> list[str]:
+    verb = "would remove" if report["dry_run"] else "removed"
+    out = [
+        f"{verb} exports/{r['key']} ({', '.join(r['towers'])}; {_mb(r['bytes'])}, "
+        f"last used {r['last_used'] or 'never'})"
+        for r in report["removed"]
+    ]
+    out += [
+        f"kept exports/{r['key']} ({_mb(r['bytes'])}): named by {', '.join(r['locked_by'])} "
+        "(--include-locked removes it)"
+        for r in report["kept_locked"]
+    ]
+    freed = report["exports_bytes_before"] - report["exports_bytes_after"]
+    summary = (
+        f"bank {report['bank']}: exports {_mb(report['exports_bytes_before'])} -> "
+        f"{_mb(report['exports_bytes_after'])} ({verb} {len(report['removed'])}, {_mb(freed)})"
+    )
+    cap = report["max_bytes"]
+    if cap is not None and report["exports_bytes_after"] > cap:
+        summary += f"; still over {_mb(cap)}: locked exports are kept"
+    return out + [summary]
 
 
 def _mb(count: int) -> str:
@@ -97,7 +173,8 @@ def _mb(count: int) -> str:
 
 
 def lines(shown: dict[str, Any]) -> list[str]:
-    out = [f"bank {shown['bank']}: {_mb(shown['bytes'])}", ""]
+    parts = ", ".join(f"{part} {_mb(size)}" for part, size in shown["parts"].items())
+    out = [f"bank {shown['bank']}: {_mb(shown['bytes'])} ({parts})", ""]
     rows = [("TASK", "GRID", "HASH", "DESCRIPTOR", "SOURCE", "FINE-TUNE", "NORM")]
     for task in shown["tasks"]:
         grid = f"{task['probes']} x {task['classes']}"
@@ -124,8 +201,17 @@ def lines(shown: dict[str, Any]) -> list[str]:
     out += ["", "exports:"]
     out += (
         table(
-            [("KEY", "TOWERS", "SIZE")]
-            + [(e["key"], ", ".join(e["towers"]), _mb(e["bytes"])) for e in shown["exports"]]
+            [("KEY", "TOWERS", "SIZE", "LAST USED", "LOCKED BY")]
+            + [
+                (
+                    e["key"],
+                    ", ".join(e["towers"]),
+                    _mb(e["bytes"]),
+                    e["last_used"] or "never",
+                    ", ".join(e["locked_by"]) or "-",
+                )
+                for e in shown["exports"]
+            ]
         )
         if shown["exports"]
         else ["  (none)"]

@@ -88,6 +88,11 @@ ARGUMENTS = {
     "--steps": "Training steps.",
     "--seed": "Random seed of the training.",
     "--lora-dropout": "peft's lora_dropout while training (a regulariser; nothing changes at inference).",
+    "--max-size": "Keep the bank's exported graphs within this size (20GB, 500MB; units are powers "
+    "of 1000), removing the least recently used first; without it, every one no lock names.",
+    "--include-locked": "Let `bank prune` remove an export that a recipe's or an output's lock names "
+    "(the next build of that recipe exports it again).",
+    "--dry-run": "Say what would be removed; remove nothing.",
     "--debug": "Show tracebacks and library warnings.",
     "--quiet": "No progress on stderr: results and errors only.",
     "--verbose": "More detail: library warnings, and each stage's time after a build.",

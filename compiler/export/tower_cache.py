@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from ptc import __version__
+from ptc.compiler.bank.exports import holding_export, mark_used
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.export.onnx_graph import ONNX_OPSET, export_onnx, onnx_files, set_metadata
 from ptc.errors import BankError
-from ptc.files import file_lock
 from ptc.targets.base import OnnxTower
 
 
@@ -66,13 +66,15 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
     """The base tower's graph in the bank, exported (stack traces stripped) on first use and
     sealed with its files' hashes, which every use checks. Concurrent builds export it once:
     the second waits on the lock and finds it written."""
-    path = bank.export_folder(key) / f"{tower.name}.onnx"
-    if _intact(bank, key, tower.name):
-        return path
     bank.prepare_export(key)
-    with file_lock(bank.root / ".locks" / f"export-{key}-{tower.name}.lock"):
-        if _intact(bank, key, tower.name):
-            return path
+    with holding_export(bank, key, (tower.name,)):
+        return _cached_base_held(bank, key, tower)
+
+
+def _cached_base_held(bank: Bank, key: str, tower: OnnxTower) -> Path:
+    """`cached_base`, with the export's lock held by the caller (a prune waits on it)."""
+    path = bank.export_folder(key) / f"{tower.name}.onnx"
+    if not _intact(bank, key, tower.name):
         bank.scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(
             dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}."
@@ -84,6 +86,7 @@ def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
                 os.replace(file, path.parent / file.name)
         # the record last: its presence means complete
         bank.seal_export(key, tower.name, onnx_files(path))
+    mark_used(bank, key, tower.name)
     return path
 
 
@@ -198,16 +201,28 @@ def write_tower(
     over theirs in place (same dtype and shape, so the same length), and the provenance appended
     as a second serialized ModelProto holding only metadata_props: protobuf merges concatenated
     messages, so every reader sees one model. Nothing is parsed or re-serialized."""
+    key = export_key(model_key, base)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        cached = cached_base(bank, export_key(model_key, base), base)
-        patches = find_patches(onnx_files(cached), changed_tensors(base.module, edited.module))
+        bank.prepare_export(key)
+        with holding_export(bank, key, (base.name,)):  # no prune while it is copied from
+            cached = _cached_base_held(bank, key, base)
+            patches = find_patches(onnx_files(cached), changed_tensors(base.module, edited.module))
+            if patches is not None:
+                _copy_patched(cached, path, patches)
     except PermissionError:  # a bank shared read-only: no cache, every build exports afresh
         patches = None
-    path.parent.mkdir(parents=True, exist_ok=True)
     if patches is None:
         _export_fresh(edited, path, provenance)
         return "exported"
-    # The graph is renamed as asked; its data file keeps the name the graph records for it.
+    with open(path, "ab") as handle:
+        handle.write(_metadata_message(provenance))
+    return "patched" if patches else "reused"
+
+
+def _copy_patched(cached: Path, path: Path, patches: list) -> None:
+    """The cached graph's files copied beside `path`, the patches' bytes written over theirs.
+    The graph is renamed as asked; its data file keeps the name the graph records for it."""
     copies = {
         file: path if file == cached else path.with_name(file.name) for file in onnx_files(cached)
     }
@@ -217,9 +232,6 @@ def write_tower(
         with open(copies[file], "r+b") as handle:
             handle.seek(offset)
             handle.write(data)
-    with open(path, "ab") as handle:
-        handle.write(_metadata_message(provenance))
-    return "patched" if patches else "reused"
 
 
 def _metadata_message(provenance: dict[str, Any]) -> bytes:

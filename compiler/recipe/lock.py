@@ -195,6 +195,22 @@ def read_lock(path: Path) -> LockDocument:
     return cast(LockDocument, document)
 
 
+def named_base_exports(path: Path) -> set[str]:
+    """The bank export keys a lock's build copied its towers from (`edit.base_exports`). Read
+    leniently: a lock that is gone or unreadable names nothing; one modified by hand still
+    names what it names (keeping an export is the safe side)."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        named = document["edit"]["base_exports"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return set()
+    return (
+        {key for key in named.values() if isinstance(key, str)}
+        if isinstance(named, dict)
+        else set()
+    )
+
+
 def recipe_lock_path(recipe_path: Path) -> Path:
     """`recipes/demo.yaml` -> `recipes/demo.lock`."""
     return Path(recipe_path).with_suffix(".lock")
