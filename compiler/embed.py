@@ -25,13 +25,19 @@ from ptc.timers import timed
 RowsT = TypeVar("RowsT")
 
 
+TORCH = "torch"  # the runtime of a model's own forward passes
+# A forward pass of the input tower on a batch: (z, R or None), as DualEncoder.embed_for_edit.
+InputForward = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
+
+
 @dataclass(frozen=True)
 class GridEmbeddings:
     inputs: torch.Tensor  # N x d, unnormalised probe embeddings
     class_rows: torch.Tensor  # M x d, normalised template-averaged class embeddings
     computed: bool  # False when it came from the bank's cache
     regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
-    made_by: dict[str, str] | None = None  # the device and precision of the passes that made it
+    # the device, precision and runtime of the passes that made it
+    made_by: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class ModelInfo:
     embed_dim: int
     edit_width: int
     precision: str = "fp32"
+    runtime: str = TORCH  # what ran the input passes: torch, or onnxruntime on its export
 
     @property
     def weights_key(self) -> str:
@@ -54,14 +61,16 @@ class ModelInfo:
 
     @property
     def key(self) -> str:
-        """Bank key of its embeddings and what derives from them: the weights key, and the
-        precision of its embedding passes where that is not fp32 (kept apart from fp32)."""
-        return (
-            self.weights_key if self.precision == "fp32" else f"{self.weights_key}-{self.precision}"
-        )
+        """Bank key of its embeddings and what derives from them: the weights key, with the
+        precision and the runtime of its embedding passes where they are not fp32 and torch
+        (each kept apart: their last bits differ)."""
+        parts = [self.weights_key]
+        parts += [self.precision] if self.precision != "fp32" else []
+        parts += [self.runtime] if self.runtime != TORCH else []
+        return "-".join(parts)
 
 
-def model_info(model: DualEncoder) -> ModelInfo:
+def model_info(model: DualEncoder, runtime: str = TORCH) -> ModelInfo:
     return ModelInfo(
         model.ref,
         model.input_fingerprint(),
@@ -69,11 +78,12 @@ def model_info(model: DualEncoder) -> ModelInfo:
         model.embed_dim,
         model.edit_width,
         precision_of(model),
+        runtime,
     )
 
 
-def model_key(model: DualEncoder) -> str:
-    return model_info(model).key
+def model_key(model: DualEncoder, runtime: str = TORCH) -> str:
+    return model_info(model, runtime).key
 
 
 _VERIFIED: set[tuple[object, ...]] = set()
@@ -154,23 +164,34 @@ def embed_probe_files(
 
 
 def embed_probe_files_for_edit(
-    model: DualEncoder, paths: Sequence[Path], batch_size: int, desc: str, progress: bool = True
+    model: DualEncoder,
+    paths: Sequence[Path],
+    batch_size: int,
+    desc: str,
+    progress: bool = True,
+    forward: InputForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(z, R or None) of probe files: the embeddings and the rows an edit acts through."""
-    pairs = _embed_files(model, paths, batch_size, desc, progress, model.embed_for_edit)
+    pairs = _embed_files(model, paths, batch_size, desc, progress, forward or model.embed_for_edit)
     inputs = torch.cat([z for z, _ in pairs])
     regressors = [r for _, r in pairs if r is not None]
     return inputs, torch.cat(regressors) if len(regressors) == len(pairs) else None
 
 
 def grid_forward(
-    model: DualEncoder, task: TaskRecord, batch_size: int = 64, progress: bool = True
+    model: DualEncoder,
+    task: TaskRecord,
+    batch_size: int = 64,
+    progress: bool = True,
+    forward: InputForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The forward passes of one (model, grid) pair: raw input and prompt embeddings and,
-    where the family's edit acts through other rows than z, those regressor rows."""
+    where the family's edit acts through other rows than z, those regressor rows. `forward`
+    runs the input passes where another runtime than the model's own does (prompts are few and
+    stay on torch)."""
     check_grid_unchanged(task)
     inputs, regressors = embed_probe_files_for_edit(
-        model, list(task.probes), batch_size, f"embed {task.name}", progress
+        model, list(task.probes), batch_size, f"embed {task.name}", progress, forward
     )
     with timed("forward"), autocast(model):
         prompts = model.embed_prompts(task.prompts)
@@ -210,6 +231,7 @@ def embedding_record(
             "text_fingerprint": info.text_fingerprint,
             "precision": info.precision,
             "device": device_label(device),
+            "runtime": info.runtime,
         },
     )
 
@@ -229,6 +251,7 @@ def grid_embeddings(entry: Entry, task: TaskRecord, computed: bool) -> GridEmbed
     made_by = {
         "device": entry.meta.get("device", "unrecorded"),
         "precision": entry.meta.get("precision", "fp32"),
+        "runtime": entry.meta.get("runtime", TORCH),
     }
     return GridEmbeddings(
         inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors, made_by
@@ -236,13 +259,21 @@ def grid_embeddings(entry: Entry, task: TaskRecord, computed: bool) -> GridEmbed
 
 
 def embed_grid(
-    model: DualEncoder, task: TaskRecord, bank: Bank, batch_size: int = 64, progress: bool = True
+    model: DualEncoder,
+    task: TaskRecord,
+    bank: Bank,
+    batch_size: int = 64,
+    progress: bool = True,
+    runtime: tuple[str, Callable[[], InputForward]] | None = None,
 ) -> GridEmbeddings:
-    info = model_info(model)
-    entry, computed = bank.get_or_compute(
-        bank.embeddings_rel(info.key, task.grid_hash),
-        lambda: embedding_record(
-            info, task, *grid_forward(model, task, batch_size, progress), device=model.device
-        ),
-    )
+    """A grid's embeddings from the bank, computed on a miss. `runtime` is (its name, what makes
+    its input forward pass), made only on a miss (it may export the model first)."""
+    info = model_info(model, runtime[0] if runtime else TORCH)
+
+    def compute() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        forward = runtime[1]() if runtime else None
+        passes = grid_forward(model, task, batch_size, progress, forward)
+        return embedding_record(info, task, *passes, device=model.device)
+
+    entry, computed = bank.get_or_compute(bank.embeddings_rel(info.key, task.grid_hash), compute)
     return grid_embeddings(entry, task, computed)

@@ -78,6 +78,9 @@ class DualEncoder(Protocol):
     # R(x): the edited model embeds z + R E^T exactly. A fold of (I + A) into the last affine
     # has R = z and E = A; a residual head (SigLIP) has R = [u; 1] and E = [dW2 db2].
     edit_width: int
+    # True where R = z (an (I + A) fold): the input tower's graph then gives everything an edit
+    # needs, so its embedding passes may run on another runtime than torch.
+    edit_acts_on_embeddings: bool
 
     def load_inputs(self, paths: list[Path]) -> Batch:
         """Read probe files and preprocess them into one model input batch."""

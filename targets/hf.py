@@ -137,6 +137,7 @@ class HFDualEncoder(OnDevice):
     pipeline_tag = "zero-shot-image-classification"
     hub_id: str | None = None
     contrastive_loss = "softmax"
+    edit_acts_on_embeddings = True
 
     def __init__(self, model: Any, tokenizer: Any, processor: Any, ref: str):
         self.model = model.eval()

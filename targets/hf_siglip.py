@@ -67,6 +67,7 @@ class HFSiglip(HFDualEncoder):
         "b2' = b2 + db2"
     )
     image_tower: type[_ImageTower] = _ImageTowerSiglip
+    edit_acts_on_embeddings = False  # R = [u; 1], the head MLP's hidden rows
     # SigLIP was trained on prompts padded to the full context: zero-shot pads the same way.
     pad_to_max_length = True
     contrastive_loss = "sigmoid"

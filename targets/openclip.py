@@ -119,6 +119,7 @@ class OpenClip(OnDevice):
     pipeline_tag = "zero-shot-image-classification"
     hub_id: str | None = None  # local checkpoints only: ptc reads no hf-hub: reference
     contrastive_loss = "softmax"
+    edit_acts_on_embeddings = True
 
     def __init__(
         self, model: Any, config: dict[str, Any], preprocess: Any, tokenizer: Any, ref: str

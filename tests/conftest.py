@@ -218,6 +218,16 @@ def audio_world(tmp_path_factory) -> AudioWorld:
     return AudioWorld(tasks, source, adapters, bank.root)
 
 
+def built_key(model, report: dict) -> str:
+    """The bank key a build kept its target's entries under: the model's, with the runtime that
+    its report says made the grids' embeddings (onnxruntime where the build wrote ONNX)."""
+    from ptc.compiler.embed import model_key
+
+    runtimes = {made["runtime"] for made in report["embeddings"].values()}
+    assert len(runtimes) == 1, runtimes
+    return model_key(model, runtimes.pop())
+
+
 def write_recipe(path: Path, world: World, terms=None, **overrides) -> Path:
     recipe = {
         "target": f"hf:{world.target}",

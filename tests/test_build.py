@@ -11,16 +11,15 @@ import safetensors.torch
 import torch
 from transformers import CLIPModel
 
-from conftest import clip_pixels, run_ptc, write_recipe
+from conftest import built_key, clip_pixels, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.embed import model_key
 
 
 def _edit_operator(world, report):
     """A = sum w_l A_l, read back from the bank's operator files by the hashes in the report."""
     bank = Bank(world.bank)
-    key = model_key(targets.load(f"hf:{world.target}"))
+    key = built_key(targets.load(f"hf:{world.target}"), report)
     total = torch.zeros(24, 24, dtype=torch.float64)
     for term in report["terms"]:
         entry = bank.read_entry(

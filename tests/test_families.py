@@ -12,10 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import FAMILIES, run_card_snippets, run_ptc, write_recipe
+from conftest import FAMILIES, built_key, run_card_snippets, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.embed import model_key
 from ptc.errors import ModelError
 from ptc.lab import tiny_vocab
 from ptc.lab.tiny import hf_clap, hf_siglip, openclip  # the tiny builders
@@ -47,6 +46,8 @@ def test_family_contract(family, tmp_path, request):
     assert z.shape == (5, encoder.embed_dim) and torch.equal(z, encoder.embed_inputs(batch))
     rows = z if regressors is None else regressors
     assert rows.shape == (5, encoder.edit_width)
+    # what decides whether its graph alone can embed for an edit (compiler/export/onnx_embed.py)
+    assert encoder.edit_acts_on_embeddings == (regressors is None)
     assert encoder.embed_prompts(["a red thing.", "a photo of a blue circle shape."]).shape == (
         2,
         encoder.embed_dim,
@@ -166,7 +167,7 @@ def _build_verified(recipe) -> dict:
 
 def _bank_edit(bank_dir, base, report) -> torch.Tensor:
     """The signed sum of the operators the build says it used, read back from the bank."""
-    bank, key = Bank(bank_dir), model_key(base)
+    bank, key = Bank(bank_dir), built_key(base, report)
     return sum(
         t["weight"]
         * bank.read_entry(bank.operator_rel(key, t["grid_hash"], t["descriptor_sha256"], 1.0))

@@ -7,16 +7,26 @@ check_edit   -> CheckedEdit residuals, the certificate, the held-out evaluation
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ptc import targets
+from ptc.compiler.bank.store import TaskRecord
 from ptc.compiler.edit.routes import ROUTES, Check, Edit, Run, grid_goals
 from ptc.compiler.edit.strength import choose_strengths, strength_report
 from ptc.compiler.edit.terms import resolve_descriptors, with_weights
-from ptc.compiler.embed import GridEmbeddings, embed_grid, embed_probe_files_for_edit, model_key
+from ptc.compiler.embed import (
+    TORCH,
+    GridEmbeddings,
+    InputForward,
+    embed_grid,
+    embed_probe_files_for_edit,
+    model_key,
+)
+from ptc.compiler.export.onnx_embed import choose_runtime, input_forward
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
     check_locked,
@@ -35,7 +45,7 @@ from ptc.targets.base import DualEncoder, Family
 # The target's own embeddings of the check inputs are read from the grid cache where fp32 passes
 # on a CPU made it: the very numbers the solve used, with no forward pass. A cache made on a GPU
 # or in reduced precision is not the CPU fp32 reference, so there the target runs the batch.
-FP32_CPU = {"device": "cpu", "precision": "fp32"}
+FP32_CPU = {"device": "cpu", "precision": "fp32", "runtime": TORCH}
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,8 @@ class Target:
     key: str
     lock_inputs: dict[str, Any]
     device: torch.device
+    runtime: str = TORCH  # what runs its embedding passes (compiler/export/onnx_embed.py)
+    make_forward: Callable[[], InputForward] | None = None  # its input pass there, made once
 
 
 @dataclass(frozen=True)
@@ -82,13 +94,22 @@ def load_target(plan: Plan, options: Options, run: Run) -> Target:
     elif options.export:
         refuse_foreign_lock(recipe_lock_path(plan.recipe_path))  # before the build, not after it
     place(model, device, options.precision)
-    return Target(model, model_key(model), inputs, device)
+    runtime = embedding_runtime(plan, model, options)
+    make = input_forward(model, plan.bank) if runtime != TORCH else None
+    return Target(model, model_key(model, runtime), inputs, device, runtime, make)
+
+
+def embedding_runtime(plan: Plan, model: Family, options: Options) -> str:
+    """onnxruntime on the base export the build writes anyway, where it can run
+    (compiler/export/onnx_embed.py)."""
+    export_due = options.export and "onnx" in plan.recipe.export.formats
+    return choose_runtime(model, plan.bank, options.embed_runtime, export_due)
 
 
 def make_edit(plan: Plan, target: Target, options: Options, run: Run) -> EditedModel:
-    grids = embed_grids(plan, target.model, options, run)
+    grids = embed_grids(plan, target, options, run)
     plan = resolve_descriptors(plan, grids)
-    plan, strength = choose_term_strengths(plan, target.model, grids, options, run)
+    plan, strength = choose_term_strengths(plan, target, grids, options, run)
     target.model.to_device(
         CPU
     )  # the route, every verification and the export run in fp32 on the CPU
@@ -112,22 +133,38 @@ def check_edit(edited: EditedModel, target: Target, options: Options, run: Run) 
 
 
 def embed_grids(
-    plan: Plan, target: DualEncoder, options: Options, run: Run
+    plan: Plan, target: Target, options: Options, run: Run
 ) -> dict[str, GridEmbeddings]:
     grids: dict[str, GridEmbeddings] = {}
     for pt in plan.terms:
         if pt.task.name not in grids:
-            with run.stage("embed"):
-                grids[pt.task.name] = embed_grid(
-                    target, pt.task, plan.bank, options.batch_size, options.progress
-                )
-                run.counts["embeddings_computed"] += grids[pt.task.name].computed
+            grids[pt.task.name] = embed_target_grid(plan, target, pt.task, options, run)
     return grids
+
+
+def embed_target_grid(
+    plan: Plan, target: Target, task: TaskRecord, options: Options, run: Run
+) -> GridEmbeddings:
+    """One grid through the target on its runtime. Where that is onnxruntime and the grid is not
+    cached, the base export it runs is made (exported once into the bank) in a stage of its own,
+    `export_base`, apart from the embed stage."""
+    runtime = None
+    if target.make_forward is not None:
+        if not (plan.bank.root / plan.bank.embeddings_rel(target.key, task.grid_hash)).is_file():
+            with run.stage("export_base"):
+                target.make_forward()
+        runtime = (target.runtime, target.make_forward)
+    with run.stage("embed"):
+        grid = embed_grid(
+            target.model, task, plan.bank, options.batch_size, options.progress, runtime
+        )
+    run.counts["embeddings_computed"] += grid.computed
+    return grid
 
 
 def choose_term_strengths(
     plan: Plan,
-    target: DualEncoder,
+    target: Target,
     grids: dict[str, GridEmbeddings],
     options: Options,
     run: Run,
@@ -138,11 +175,7 @@ def choose_term_strengths(
         return plan, None
     controls = {}
     for task in plan.controls:
-        with run.stage("embed"):
-            controls[task.name] = embed_grid(
-                target, task, plan.bank, options.batch_size, options.progress
-            )
-            run.counts["embeddings_computed"] += controls[task.name].computed
+        controls[task.name] = embed_target_grid(plan, target, task, options, run)
     with run.stage("strength"):
         terms = [
             (pt.task.name, pt.resolved.tensors["utd"], 1.0 if pt.term.weight > 0 else -1.0)

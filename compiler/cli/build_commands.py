@@ -72,7 +72,9 @@ def check(recipe: Path, bank: Path | None, out: Path | None, as_json: bool) -> N
 
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@options("bank", "out", "force", "batch_size", "device", "precision", "export", "locked")
+@options(
+    "bank", "out", "force", "batch_size", "device", "precision", "embed_runtime", "export", "locked"
+)
 @JSON_FLAG
 @handled
 def build(
@@ -83,6 +85,7 @@ def build(
     batch_size: int,
     device: str,
     precision: str,
+    embed_runtime: str,
     export: bool,
     locked: bool,
     as_json: bool,
@@ -100,6 +103,7 @@ def build(
         batch_size=batch_size,
         device=device,
         precision=precision,
+        embed_runtime=embed_runtime,
         export=export,
         locked=locked,
     )

@@ -65,6 +65,15 @@ RUN_OPTIONS = {
         "Precision of embedding passes; bf16 and fp16 entries are cached apart from fp32.",
         ("fp32", "bf16", "fp16"),
     ),
+    "embed_runtime": RunFlag(
+        "--embed-runtime",
+        "choice",
+        "What runs the target's embedding passes on a CPU: auto (onnxruntime on its base ONNX "
+        "export, about twice torch's speed, where the build writes ONNX or the export is cached, "
+        "the edit acts on the embeddings and the passes are fp32; else torch), torch, or "
+        "onnxruntime. Cached apart.",
+        ("auto", "torch", "onnxruntime"),
+    ),
 }
 
 # The other flags: flag -> help. A model is always a reference with its scheme (hf:DIR, hf:org/name,

@@ -25,6 +25,7 @@ class Options:
     locked: bool = False  # refuse any input that differs from the recipe's lock
     device: str = "auto"
     precision: str = "fp32"
+    embed_runtime: str = "auto"  # auto, torch or onnxruntime (compiler/export/onnx_embed.py)
     progress: bool = True  # progress bars on stderr (tqdm hides them off a terminal); no flag
 
     def compute(self) -> Compute:
