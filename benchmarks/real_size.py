@@ -5,8 +5,13 @@ real CLIP tokenizer (lab/real_size.py); the source is a real architecture of ano
 a random rank-4 LoRA as its fine-tune. Everything runs as a user runs it, through the `ptc`
 command, and every figure is a ratio of two things measured here, in this run:
 
-- cold build (empty embedding and export caches) over its forward floor: decoding the grid's
-  probes and the forward passes over them and its prompts, which no build can avoid;
+- the forward floor on each runtime the machine has, side by side: decoding the grid's probes
+  and the forward passes over them and its prompts, which no build can avoid, in torch eager
+  fp32, onnxruntime fp32 (the base export) and torch bf16 autocast, with images per second and
+  the GFLOP/s they achieve;
+- cold build (empty embedding and export caches) over the fastest fp32 floor, its embed stage
+  over that floor, and everything but the embed stage and the one-time base export over the
+  embed stage; the base export beside a plain export of the same tower;
 - warm rebuild (a new strength: nothing to embed or solve, one matrix changes) over its own
   floor: loading the target, writing the output's bytes, and the verification passes it must
   run (the check batch through the edited model, its ONNX graph and the reloaded checkpoint);
@@ -31,20 +36,24 @@ import numpy as np
 import torch
 import yaml
 
-# size name: (target architecture, source architecture, probes, classes)
+# size name: (target architecture, source architecture, probes, classes). ViT-L/14 embeds at
+# about 1 image/s on 2 cores: 96 probes keep its run near a quarter of an hour.
 SIZES = {
     "vit-tiny16": ("vit-tiny16", "vit-tiny32", 384, 50),
     "vit-b16": ("vit-b16", "vit-b32", 384, 50),
-    "vit-l14": ("vit-l14", "vit-b16", 256, 50),
+    "vit-l14": ("vit-l14", "vit-b16", 96, 50),
 }
 TEMPLATES = ["a photo of a {}.", "an image of {}."]
 GOALS = {
     "cold_build_ratio": 1.25,
+    "embed_over_fastest_fp32_floor": 1.1,
+    "non_embed_over_embed": 0.15,
     "warm_rebuild_seconds": 15.0,
     "warm_rebuild_ratio": 2.0,
-    "peak_rss_over_model_bytes": 2.5,
+    "peak_rss_over_model_bytes": 2.0,
     "export_max_abs_diff": 1e-6,
 }
+WARM_REBUILD_SECONDS = {"vit-b16": 10.0, "vit-l14": 20.0}  # by size; GOALS' otherwise
 
 
 def _write_task(folder: Path, probes: int, classes: int, image_size: int = 224) -> Path:
@@ -94,20 +103,58 @@ def _recipe(path: Path, target: Path, bank: Path, weight: float) -> Path:
     return path
 
 
-def _forward_floor(target_ref: str, task_file: Path, batch_size: int = 64) -> float:
-    """The grid's embedding with the model loaded: decoding the probes and the forward passes
-    over them and the prompts, batch as built, one after the other (as `ptc bench`'s suite)."""
+def _forward_floors(
+    target_ref: str, task_file: Path, base_export: Path, batch_size: int = 64
+) -> dict[str, dict[str, float]]:
+    """The grid's embedding with the model loaded, on each runtime: decoding the probes and the
+    forward passes over them and the prompts, batch as built, one after the other; the input
+    passes alone give images/s and, with the tower's FLOPs per image, GFLOP/s. Prompts run on
+    torch fp32 in every row, as a build runs them."""
     from ptc import targets
+    from ptc.compiler.export.onnx_embed import session_forward
+    from ptc.devices import CPU, autocast, place
 
     spec = yaml.safe_load(task_file.read_text())
     paths = sorted((task_file.parent / "probes").glob("*.png"))
     prompts = [t.format(c) for c in spec["classes"] for t in spec["templates"]]
     model = targets.load(target_ref)
-    start = time.perf_counter()
-    for i in range(0, len(paths), batch_size):
-        model.embed_inputs(model.load_inputs(paths[i : i + batch_size]))
-    model.embed_prompts(prompts)
-    return time.perf_counter() - start
+    flops = _flops_per_input(model, paths[0])
+    onnx = session_forward(base_export)
+    runtimes = {
+        "torch_fp32": (model.embed_inputs, "fp32"),
+        "onnxruntime_fp32": (lambda batch: onnx(batch)[0], "fp32"),
+        "torch_bf16": (model.embed_inputs, "bf16"),
+    }
+    floors = {}
+    for name, (forward, precision) in runtimes.items():
+        place(model, CPU, precision)
+        forward(model.load_inputs(paths[:2]))  # warm-up: first-call allocations, kernels
+        start, passes = time.perf_counter(), 0.0
+        for i in range(0, len(paths), batch_size):
+            batch = model.load_inputs(paths[i : i + batch_size])
+            began = time.perf_counter()
+            with torch.inference_mode(), autocast(model):
+                forward(batch)
+            passes += time.perf_counter() - began
+        place(model, CPU, "fp32")
+        model.embed_prompts(prompts)
+        floors[name] = {
+            "seconds": time.perf_counter() - start,
+            "input_pass_seconds": passes,
+            "images_per_second": len(paths) / passes,
+            "gflops_per_second": flops * len(paths) / passes / 1e9,
+        }
+    return floors
+
+
+def _flops_per_input(model, path: Path) -> float:
+    """FLOPs of one input's pass through the input tower, as torch counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = model.load_inputs([path])
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model.embed_inputs(batch)
+    return float(counter.get_total_flops())
 
 
 LOAD_TARGET = "import sys; from ptc import targets; targets.load(sys.argv[1])"
@@ -234,12 +281,15 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "--bank",
             str(bank),
         )
-        echo("forward floor")
-        floor = _forward_floor(f"hf:{target}", task_file)
         recipe = _recipe(root / "recipe.yaml", target, bank, 1.0)
         echo("cold build")
         cold = ptc("build", str(recipe))
         cold_record = json.loads((root / "out" / "run.json").read_text())
+        echo("forward floors: torch fp32, onnxruntime fp32, torch bf16")
+        base_export = next(bank.glob("exports/*/vision_model.onnx"))
+        floors = _forward_floors(f"hf:{target}", task_file, base_export)
+        fastest = min(("torch_fp32", "onnxruntime_fp32"), key=lambda n: floors[n]["seconds"])
+        floor = floors[fastest]["seconds"]
         # its own (VmHWM), not wait4's
         cold["peak_rss_bytes"] = int(cold_record["peak_rss_mb"] * 2**20)
         _recipe(recipe, target, bank, 0.5)
@@ -264,10 +314,17 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         "prompts": classes * len(TEMPLATES),
         "model_bytes": model_bytes,
         "forward_floor_seconds": floor,
+        "forward_floor_runtime": fastest,
+        "forward_floors": floors,
         "descriptor_add_seconds": descriptor["seconds"],
         "cold_build": {
             "seconds": cold["seconds"],
             "ratio_to_forward_floor": cold["seconds"] / floor,
+            "embed_over_fastest_fp32_floor": cold_record["timings"]["embed"] / floor,
+            "non_embed_over_embed": _non_embed(cold["seconds"], cold_record["timings"]),
+            "export_base_seconds": cold_record["timings"].get("export_base", 0.0),
+            "plain_export_seconds": export["fresh_export_seconds"],
+            "runtime": report["embeddings"]["bench"]["runtime"],
             "peak_rss_bytes": cold["peak_rss_bytes"],
             "stages": cold_record["timings"],
             "cache": cold_record["cache"],
@@ -292,13 +349,34 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         "peak_rss_total_over_model_bytes": max(cold["peak_rss_bytes"], warm["peak_rss_bytes"])
         / model_bytes,
         "export": export,
-        "goals": GOALS,
+        "goals": {
+            **GOALS,
+            "warm_rebuild_seconds": WARM_REBUILD_SECONDS.get(
+                size_name, GOALS["warm_rebuild_seconds"]
+            ),
+        },
         "verification": report["verify"]["equivalence"],
     }
 
 
+def _non_embed(seconds: float, timings: dict[str, float]) -> float:
+    """Everything a cold build did but embed and export the base graph it embeds with, over its
+    embed stage: what the build adds to the forward passes it cannot avoid."""
+    return (seconds - timings["embed"] - timings.get("export_base", 0.0)) / timings["embed"]
+
+
+def _cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def machine() -> dict:
     return {
+        "cpu": _cpu_name(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -310,29 +388,55 @@ def machine() -> dict:
 
 def summary_rows(results: dict) -> list[tuple[str, str, str]]:
     cold, warm, export = results["cold_build"], results["warm_rebuild"], results["export"]
-    return [
+    goals = results["goals"]
+    runtimes = [
         (
-            "cold build / forward floor",
+            f"input passes, {name.replace('_', ' ')}",
+            f"{floor['images_per_second']:.2f} images/s, {floor['gflops_per_second']:.0f} GFLOP/s",
+            "",
+        )
+        for name, floor in results["forward_floors"].items()
+    ]
+    return [
+        *runtimes,
+        (
+            "cold build / fastest fp32 forward floor",
             f"{cold['ratio_to_forward_floor']:.2f}x "
-            f"({cold['seconds']:.1f} s / {results['forward_floor_seconds']:.1f} s)",
-            f"<= {GOALS['cold_build_ratio']}x",
+            f"({cold['seconds']:.1f} s / {results['forward_floor_seconds']:.1f} s, "
+            f"{results['forward_floor_runtime'].replace('_', ' ')})",
+            f"<= {goals['cold_build_ratio']}x",
         ),
-        ("warm rebuild", f"{warm['seconds']:.1f} s", f"<= {GOALS['warm_rebuild_seconds']:.0f} s"),
+        (
+            f"embed stage ({cold['runtime']}) / that floor",
+            f"{cold['embed_over_fastest_fp32_floor']:.2f}x",
+            f"<= {goals['embed_over_fastest_fp32_floor']}x",
+        ),
+        (
+            "cold build but embed and base export / embed stage",
+            f"{cold['non_embed_over_embed']:.2f}",
+            f"<= {goals['non_embed_over_embed']}",
+        ),
+        (
+            "one-time base export / a plain export of the tower",
+            f"{cold['export_base_seconds']:.1f} s / {cold['plain_export_seconds']:.1f} s",
+            "",
+        ),
+        ("warm rebuild", f"{warm['seconds']:.1f} s", f"<= {goals['warm_rebuild_seconds']:.0f} s"),
         (
             "warm rebuild / own floor",
             f"{warm['ratio_to_own_floor']:.2f}x ({warm['own_floor_seconds']:.1f} s)",
-            f"<= {GOALS['warm_rebuild_ratio']}x",
+            f"<= {goals['warm_rebuild_ratio']}x",
         ),
         (
             "peak RSS above libraries / model bytes",
             f"{results['peak_rss_over_model_bytes']:.2f}x "
             f"({results['model_bytes'] / 1e6:.0f} MB model; total {results['peak_rss_total_over_model_bytes']:.2f}x)",
-            f"<= {GOALS['peak_rss_over_model_bytes']}x",
+            f"<= {goals['peak_rss_over_model_bytes']}x",
         ),
         (
             "patched ONNX vs fresh export",
             f"{export['max_abs_diff_vs_fresh_export']:.1e} max abs",
-            f"<= {GOALS['export_max_abs_diff']:.0e}",
+            f"<= {goals['export_max_abs_diff']:.0e}",
         ),
         ("edited / base ONNX latency", f"{export['edited_over_base_latency']:.2f}x", "~1.0x"),
     ]

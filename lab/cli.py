@@ -181,7 +181,8 @@ def bench(quick: bool, size: str | None, out: Path | None) -> None:
     for name, measured, target in rows:
         click.echo(f"{name:<{width}}  {measured:<48} {target}")
     click.echo(
-        f"machine: {results['machine']['processor']}, {results['machine']['cpus']} CPUs, "
+        f"machine: {results['machine'].get('cpu') or results['machine']['processor']}, "
+        f"{results['machine']['cpus']} CPUs, "
         f"cuda {results['machine']['cuda']}; written to {out}"
     )
 

@@ -37,7 +37,7 @@ from ptc.compiler.verify.checks import (
 )
 from ptc.finite import require_finite
 from ptc.hashing import tensors_sha256
-from ptc.targets.base import Batch, DualEncoder, Family, batch_to
+from ptc.targets.base import Batch, DualEncoder, Family
 
 
 @dataclass
@@ -246,7 +246,7 @@ def adapter(
             fit_goals.append(
                 GridGoal(
                     name,
-                    batch_to(target.load_inputs(list(task.probes)), device),
+                    tuple(task.probes),
                     emb.class_rows.float().to(device),
                     affinity(emb.inputs.double(), emb.class_rows).float().to(device),
                     goals[name].float().to(device),

@@ -72,13 +72,13 @@ def input_forward(model: Family, bank: Bank) -> Callable[[], InputForward]:
         if not made:
             tower = model.onnx_towers()[0]
             path = cached_base(bank, export_key(model_info(model).weights_key, tower), tower)
-            made.append(_session_forward(path))
+            made.append(session_forward(path))
         return made[0]
 
     return make
 
 
-def _session_forward(path: Path) -> InputForward:
+def session_forward(path: Path) -> InputForward:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -37,7 +37,22 @@ def test_the_real_size_benchmark_measures_every_goal_at_tiny_cost():
     from ptc.lab.benchmarks import real_size
 
     results = real_size.run("vit-tiny16", echo=lambda line: None, probes=16)
+    floors = results["forward_floors"]
+    assert set(floors) == {"torch_fp32", "onnxruntime_fp32", "torch_bf16"}
+    for floor in floors.values():
+        assert floor["input_pass_seconds"] < floor["seconds"]
+        assert math.isclose(floor["images_per_second"], 16 / floor["input_pass_seconds"])
+    # GFLOP/s from the tower's FLOPs per image, counted by torch: the same in every row
+    flops = {f["gflops_per_second"] / f["images_per_second"] for f in floors.values()}
+    assert max(flops) - min(flops) < 1e-9 * max(flops) and min(flops) > 0
+    assert results["cold_build"]["runtime"] == "onnxruntime"  # the build's own choice, recorded
+    assert results["forward_floor_seconds"] == min(
+        floors["torch_fp32"]["seconds"], floors["onnxruntime_fp32"]["seconds"]
+    )
     for figure in (
+        results["cold_build"]["embed_over_fastest_fp32_floor"],
+        results["cold_build"]["non_embed_over_embed"],
+        results["cold_build"]["export_base_seconds"],
         results["cold_build"]["ratio_to_forward_floor"],
         results["warm_rebuild"]["seconds"],
         results["warm_rebuild"]["ratio_to_own_floor"],
