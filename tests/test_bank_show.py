@@ -142,6 +142,17 @@ def test_bank_prune_removes_the_least_recently_used_exports_and_keeps_what_a_loc
     assert lines[-1].endswith("; still over 1.0 kB: locked exports are kept")
     assert sorted(p.name for p in exports.iterdir()) == sorted(locked)
     assert Bank(bank_copy).verify_all()[1] == []  # what is left is whole
+    # A damaged lock list is refused, not read as "no locks": nothing is removed.
+    listed = bank_copy / "locks.json"
+    kept = listed.read_bytes()
+    listed.write_bytes(kept.replace(b"ptc.lock", b"ptc.lockx"))
+    refused = run_ptc("bank", "prune", "--bank", bank_copy)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert f"bank lock list {listed} failed its integrity check" in refused.stderr
+    assert sorted(p.name for p in exports.iterdir()) == sorted(locked)
+    shown = json.loads(run_ptc("bank", "show", "--bank", bank_copy, "--json").stdout)
+    assert "failed its integrity check" in shown["unreadable"]["locks.json"]
+    listed.write_bytes(kept)
     # Asked to, it removes locked ones too; the embeddings and operators stay.
     everything = run_ptc("bank", "prune", "--bank", bank_copy, "--include-locked")
     assert everything.returncode == 0 and list(exports.iterdir()) == []

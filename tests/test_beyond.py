@@ -16,6 +16,7 @@ from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.edit.strength import choose_strengths
 from ptc.compiler.embed import embed_grid
+from ptc.compiler.export.onnx_embed import input_forward
 from ptc.compiler.method.descriptor import (
     AGREEMENT_FLOOR,
     affinity,
@@ -161,8 +162,11 @@ def two_sources(world, bank_copy):
 
 
 def _target_grid(world, bank, task):
+    """The target's grid as a build that writes ONNX embeds it: on onnxruntime (the same cached
+    entry the build reads)."""
     target = targets.load(f"hf:{world.target}")
-    return target, embed_grid(target, bank.task(task), bank, progress=False)
+    runtime = ("onnxruntime", input_forward(target, bank))
+    return target, embed_grid(target, bank.task(task), bank, progress=False, runtime=runtime)
 
 
 def _built_edits(out):

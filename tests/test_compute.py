@@ -90,7 +90,7 @@ def test_reduced_precision_embeddings_are_cached_apart_and_say_what_made_them(wo
     reduced = embed_grid(half, task, bank, progress=False)
     assert reduced.computed  # never read from the fp32 entry
     assert (
-        reduced.made_by == {"device": "cpu", "precision": "bf16"}
+        reduced.made_by == {"device": "cpu", "precision": "bf16", "runtime": "torch"}
         and full.made_by["precision"] == "fp32"
     )
     assert not torch.equal(reduced.inputs, full.inputs)
@@ -108,9 +108,9 @@ def test_the_report_and_lock_say_which_device_and_precision_made_each_embedding(
     result = run_ptc("build", recipe, "--precision", "bf16", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["embeddings"] == {
-        "colour": {"device": "cpu", "precision": "bf16"},
-        "shape": {"device": "cpu", "precision": "bf16"},
+    assert report["embeddings"] == {  # bf16: torch's autocast, never onnxruntime
+        "colour": {"device": "cpu", "precision": "bf16", "runtime": "torch"},
+        "shape": {"device": "cpu", "precision": "bf16", "runtime": "torch"},
     }
     lock = json.loads((tmp_path / "out" / "ptc.lock").read_text())
     assert lock["edit"]["embeddings"] == report["embeddings"]

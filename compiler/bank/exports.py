@@ -4,14 +4,13 @@ A real-size export is gigabytes (ViT-H/14's image tower alone is over 2 GB), and
 written whenever the model, the exporter's version or the example shapes change, so old exports
 pile up. Each folder records when it was last used (the mtime of its towers' sealed records,
 touched on every use: the records' bytes never change) and the bank remembers which lock files
-it built (`locks.json`), so pruning can go least recently used first and leave alone every
-export a lock still names. What a lock names is the lock's business (`recipe.lock`); this module
+it built (`Bank.remember_lock`, `locks.json`), so pruning can go least recently used first and
+leave alone every export a lock still names. What a lock names is the lock's business (`recipe.lock`); this module
 only keeps the list of where the locks are.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -21,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ptc.compiler.bank.store import Bank
-from ptc.files import dead_writer, file_lock, write_json_atomic
+from ptc.files import dead_writer, file_lock
 
-LOCKS_FILE = "locks.json"  # the lock files builds from this bank wrote, by absolute path
 PRUNED = "pruned"  # scratch folders .pruned.PID.*: exports moved out, being deleted
 
 
@@ -83,29 +81,6 @@ def export_folders(bank: Bank) -> list[ExportFolder]:
             )
         )
     return sorted(folders, key=lambda f: (f.last_used, f.key))
-
-
-def remember_lock(bank: Bank, lock_path: Path) -> None:
-    """Add a lock file built from this bank to the bank's list (once; a read-only bank skips)."""
-    path = str(Path(lock_path).resolve())
-    try:
-        with file_lock(bank.root / ".locks" / "locks.lock"):
-            known = remembered_locks(bank)
-            if path not in known:
-                write_json_atomic(
-                    bank.root / LOCKS_FILE, {"locks": sorted([*known, path])}, bank.scratch
-                )
-    except OSError:
-        pass
-
-
-def remembered_locks(bank: Bank) -> list[str]:
-    """The lock files builds from this bank wrote (some may since have been deleted)."""
-    try:
-        listed = json.loads((bank.root / LOCKS_FILE).read_text(encoding="utf-8"))["locks"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []  # none written yet, or damaged: pruning then protects nothing it cannot see
-    return [str(p) for p in listed if isinstance(p, str)]
 
 
 def plan_prune(

@@ -10,6 +10,8 @@ what it was made from and a hash of its tensors, checked on every read):
     descriptors/<task>/<id>.safetensors            UTD (N x M) and the source's S_pre, with provenance
     factors/<target>/<grid>.safetensors            thin SVDs of the target's F and G
     operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
+    exports/<key>/<tower>.onnx, .onnx.data, .json  base towers' ONNX graphs, sealed (a cache)
+    locks.json                                     the lock files builds from it wrote, sealed
 
 <model> and <target> are model fingerprints (hashes of the weights), <grid> a grid hash.
 Each record is bound to the key it is stored under (`entry`, sealed with the rest): an entry
@@ -50,6 +52,9 @@ if TYPE_CHECKING:  # torch loads with the first tensor entry, not for `ptc task 
 BANK_FORMAT = 3  # 2: every record sealed with record_sha256; 3: and bound to its key
 UPGRADABLE_FORMATS = (2,)
 MARKER, SCRATCH = "bank.json", ".tmp"
+LOCKS_FILE = (
+    "locks.json"  # the lock files builds from this bank wrote (`ptc bank prune` keeps theirs)
+)
 
 
 def default_bank_dir() -> Path:
@@ -433,6 +438,51 @@ class Bank:
                     return f"bank export {file} does not match its record (modified or damaged)"
         return None
 
+    # -- the locks built from this bank (compiler/bank/exports.py prunes around them) ------------
+    # locks.json: a sealed record of the lock files' absolute paths.
+    def remember_lock(self, lock_path: Path) -> None:
+        """Add a lock file built from this bank to its list, once. A read-only bank, or a list
+        that fails its check (left for `ptc bank verify` to report), is left as it is."""
+        path = str(Path(lock_path).resolve())
+        try:
+            with file_lock(self.root / ".locks" / "locks.lock"):
+                known = self.remembered_locks()
+                if path not in known:
+                    record = _sealed({"kind": "locks", "locks": sorted([*known, path])})
+                    write_json_atomic(self.root / LOCKS_FILE, record, self.scratch)
+        except (OSError, BankError):
+            pass
+
+    def remembered_locks(self) -> list[str]:
+        """The lock files builds from this bank wrote (some may since have been deleted)."""
+        problem = self._locks_problem()
+        if problem is not None:
+            raise BankError(
+                problem,
+                "delete it: each later build lists its lock again (until then `ptc bank prune`"
+                " cannot tell which exports a lock names, and refuses)",
+            )
+        try:
+            return list(json.loads((self.root / LOCKS_FILE).read_text(encoding="utf-8"))["locks"])
+        except FileNotFoundError:
+            return []
+
+    def _locks_problem(self) -> str | None:
+        path = self.root / LOCKS_FILE
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"bank lock list {path} is corrupt: {exc}"
+        if (
+            not _seal_intact(record)
+            or record.get("kind") != "locks"
+            or not all(isinstance(p, str) for p in record.get("locks", [None]))
+        ):
+            return f"bank lock list {path} failed its integrity check (modified or damaged)"
+        return None
+
     def _export_problems(self) -> tuple[int, list[str]]:
         records = sorted(self.root.glob("exports/*/*.json"))
         found = [self.export_problem(path.parent.name, path.stem) for path in records]
@@ -489,6 +539,8 @@ class Bank:
             except BankError as exc:
                 problems.append(exc.message)
         exports, export_problems = self._export_problems()
+        locks = self._locks_problem()
+        export_problems += [locks] if locks is not None else []
         return count + exports, problems + export_problems
 
     def _cross_check(self, entry: Entry) -> list[str]:

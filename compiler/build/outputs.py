@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from ptc import __version__, targets
-from ptc.compiler.bank.exports import remember_lock
 from ptc.compiler.build.report import BuildReport, Exported, build_report, run_record
 from ptc.compiler.build.stages import CheckedEdit, EditedModel, Target
 from ptc.compiler.edit.routes import Run
@@ -137,7 +136,7 @@ def write_output(
             f"output directory {plan.out_dir} appeared during the build",
             "pass --force to replace it",
         ) from None
-    remember_lock(plan.bank, plan.out_dir / LOCK_NAME)  # `ptc bank prune` keeps what it names
+    plan.bank.remember_lock(plan.out_dir / LOCK_NAME)  # `ptc bank prune` keeps what it names
     return Written(report, lock)
 
 
@@ -190,7 +189,7 @@ def lock_derived(edited: EditedModel, report: BuildReport) -> dict[str, Any]:
 def update_recipe_lock(plan: Plan, document: LockDocument) -> dict[str, Any]:
     """The recipe's lock follows its last build: written, or updated with what changed said."""
     path = recipe_lock_path(plan.recipe_path)
-    remember_lock(plan.bank, path)  # `ptc bank prune` keeps the exports it names
+    plan.bank.remember_lock(path)  # `ptc bank prune` keeps the exports it names
     before = previous_lock(path)
     if before is not None and before == document:
         return {"path": str(path), "state": "unchanged", "changes": []}

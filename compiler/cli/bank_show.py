@@ -14,9 +14,8 @@ from ptc.compiler.bank.exports import (
     ExportFolder,
     PrunePlan,
     export_folders,
-    remembered_locks,
 )
-from ptc.compiler.bank.store import MARKER, Bank
+from ptc.compiler.bank.store import LOCKS_FILE, MARKER, Bank
 from ptc.compiler.cli.tables import table
 from ptc.compiler.recipe.lock import named_base_exports
 from ptc.errors import BankError
@@ -78,7 +77,11 @@ def describe(bank: Bank) -> dict[str, Any]:
                 "descriptors": sorted(descriptors.get(name, []), key=lambda d: d["id"]),
             }
         )
-    locked = locked_exports(bank)
+    unreadable = {rel: meta["unreadable"] for rel, meta in entries.items() if "unreadable" in meta}
+    try:
+        locked = locked_exports(bank)
+    except BankError as exc:  # shown, not fatal: `bank prune` is what needs the list
+        locked, unreadable[LOCKS_FILE] = {}, exc.message
     exports = [
         {
             "key": folder.key,
@@ -97,9 +100,7 @@ def describe(bank: Bank) -> dict[str, Any]:
             for section, rows in caches.items()
         },
         "exports": exports,
-        "unreadable": {
-            rel: meta["unreadable"] for rel, meta in entries.items() if "unreadable" in meta
-        },
+        "unreadable": unreadable,
         "bytes": _size(bank.root.rglob("*")),
         "parts": {part: _size((bank.root / part).rglob("*")) for part in PARTS},
     }
@@ -108,7 +109,7 @@ def describe(bank: Bank) -> dict[str, Any]:
 def locked_exports(bank: Bank) -> dict[str, list[str]]:
     """Export key -> the lock files (remembered by the bank, still on disk) that name it."""
     locked: dict[str, list[str]] = {}
-    for lock in remembered_locks(bank):
+    for lock in bank.remembered_locks():
         for key in sorted(named_base_exports(Path(lock))):
             locked.setdefault(key, []).append(lock)
     return locked
