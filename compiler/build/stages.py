@@ -7,7 +7,6 @@ check_edit   -> CheckedEdit residuals, the certificate, the held-out evaluation
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +20,11 @@ from ptc.compiler.edit.terms import resolve_descriptors, with_weights
 from ptc.compiler.embed import (
     TORCH,
     GridEmbeddings,
-    InputForward,
     embed_grid,
     embed_probe_files_for_edit,
     model_key,
 )
-from ptc.compiler.export.onnx_embed import choose_runtime, input_forward
+from ptc.compiler.export.onnx_embed import OnnxInputPass, choose_runtime, input_forward
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
     check_locked,
@@ -57,7 +55,7 @@ class Target:
     lock_inputs: dict[str, Any]
     device: torch.device
     runtime: str = TORCH  # what runs its embedding passes (compiler/export/onnx_embed.py)
-    make_forward: Callable[[], InputForward] | None = None  # its input pass there, made once
+    input_pass: OnnxInputPass | None = None  # its input pass there, made once
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,8 @@ def load_target(plan: Plan, options: Options, run: Run) -> Target:
         refuse_foreign_lock(recipe_lock_path(plan.recipe_path))  # before the build, not after it
     place(model, device, options.precision)
     runtime = embedding_runtime(plan, model, options)
-    make = input_forward(model, plan.bank) if runtime != TORCH else None
-    return Target(model, model_key(model, runtime), inputs, device, runtime, make)
+    onnx_pass = input_forward(model, plan.bank) if runtime != TORCH else None
+    return Target(model, model_key(model, runtime), inputs, device, runtime, onnx_pass)
 
 
 def embedding_runtime(plan: Plan, model: Family, options: Options) -> str:
@@ -110,6 +108,8 @@ def make_edit(plan: Plan, target: Target, options: Options, run: Run) -> EditedM
     grids = embed_grids(plan, target, options, run)
     plan = resolve_descriptors(plan, grids)
     plan, strength = choose_term_strengths(plan, target, grids, options, run)
+    if target.input_pass is not None:
+        target.input_pass.close()  # every grid is embedded; what follows runs torch
     target.model.to_device(
         CPU
     )  # the route, every verification and the export run in fp32 on the CPU
@@ -149,11 +149,11 @@ def embed_target_grid(
     cached, the base export it runs is made (exported once into the bank) in a stage of its own,
     `export_base`, apart from the embed stage."""
     runtime = None
-    if target.make_forward is not None:
+    if target.input_pass is not None:
         if not (plan.bank.root / plan.bank.embeddings_rel(target.key, task.grid_hash)).is_file():
             with run.stage("export_base"):
-                target.make_forward()
-        runtime = (target.runtime, target.make_forward)
+                target.input_pass()
+        runtime = (target.runtime, target.input_pass)
     with run.stage("embed"):
         grid = embed_grid(
             target.model, task, plan.bank, options.batch_size, options.progress, runtime

@@ -10,7 +10,6 @@ needs its own forward pass. Prompts are few and stay on torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,19 +62,28 @@ def _export_cached(model: Family, bank: Bank) -> bool:
     return (bank.export_folder(key) / f"{tower.name}.json").is_file()
 
 
-def input_forward(model: Family, bank: Bank) -> Callable[[], InputForward]:
-    """What makes the onnxruntime pass: the base input tower exported into the bank (once) and
-    opened in one session, made when the first grid misses the cache."""
-    made: list[InputForward] = []
+class OnnxInputPass:
+    """The onnxruntime pass of a model's input tower: its base export written into the bank
+    (once) and opened in one session when first called, for as long as embedding goes on;
+    `close` lets the session (a second copy of the tower's weights) go before the export."""
 
-    def make() -> InputForward:
-        if not made:
-            tower = model.onnx_towers()[0]
-            path = cached_base(bank, export_key(model_info(model).weights_key, tower), tower)
-            made.append(session_forward(path))
-        return made[0]
+    def __init__(self, model: Family, bank: Bank) -> None:
+        self.model, self.bank = model, bank
+        self._forward: InputForward | None = None
 
-    return make
+    def __call__(self) -> InputForward:
+        if self._forward is None:
+            tower = self.model.onnx_towers()[0]
+            key = export_key(model_info(self.model).weights_key, tower)
+            self._forward = session_forward(cached_base(self.bank, key, tower))
+        return self._forward
+
+    def close(self) -> None:
+        self._forward = None
+
+
+def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
+    return OnnxInputPass(model, bank)
 
 
 def session_forward(path: Path) -> InputForward:

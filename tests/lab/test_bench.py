@@ -73,4 +73,6 @@ def test_the_real_size_benchmark_measures_every_goal_at_tiny_cost():
     }  # ... and reused on the rebuild
     assert results["verification"]["reload_max_abs_diff"] == 0.0
     rows = dict((name, measured) for name, measured, _ in real_size.summary_rows(results))
-    assert "cold build / forward floor" in rows and "patched ONNX vs fresh export" in rows
+    assert (
+        "cold build / fastest fp32 forward floor" in rows and "patched ONNX vs fresh export" in rows
+    )
