@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,18 +121,21 @@ def _forward_floors(
     model = targets.load(target_ref)
     flops = _flops_per_input(model, paths[0])
     onnx = session_forward(base_export)
+    # bf16 is timed on 16 inputs: it is a rate here, not a floor (no fp32 ratio uses it), and a
+    # CPU without bf16 instructions runs it many times slower than fp32.
     runtimes = {
-        "torch_fp32": (model.embed_inputs, "fp32"),
-        "onnxruntime_fp32": (lambda batch: onnx(batch)[0], "fp32"),
-        "torch_bf16": (model.embed_inputs, "bf16"),
+        "torch_fp32": (model.embed_inputs, "fp32", paths),
+        "onnxruntime_fp32": (lambda batch: onnx(batch)[0], "fp32", paths),
+        "torch_bf16": (model.embed_inputs, "bf16", paths[:16]),
     }
     floors = {}
-    for name, (forward, precision) in runtimes.items():
+    for name, (forward, precision, timed) in runtimes.items():
         place(model, CPU, precision)
-        forward(model.load_inputs(paths[:2]))  # warm-up: first-call allocations, kernels
+        with torch.inference_mode(), autocast(model):
+            forward(model.load_inputs(paths[:2]))  # warm-up: first-call allocations, kernels
         start, passes = time.perf_counter(), 0.0
-        for i in range(0, len(paths), batch_size):
-            batch = model.load_inputs(paths[i : i + batch_size])
+        for i in range(0, len(timed), batch_size):
+            batch = model.load_inputs(timed[i : i + batch_size])
             began = time.perf_counter()
             with torch.inference_mode(), autocast(model):
                 forward(batch)
@@ -140,9 +144,10 @@ def _forward_floors(
         model.embed_prompts(prompts)
         floors[name] = {
             "seconds": time.perf_counter() - start,
+            "inputs_timed": len(timed),
             "input_pass_seconds": passes,
-            "images_per_second": len(paths) / passes,
-            "gflops_per_second": flops * len(paths) / passes / 1e9,
+            "images_per_second": len(timed) / passes,
+            "gflops_per_second": flops * len(timed) / passes / 1e9,
         }
     return floors
 
@@ -303,6 +308,11 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         )
         echo("fresh export of the edited model")
         export = _export_check(root / "out", bank, sorted((root / "task" / "probes").glob("*.png")))
+        echo("cold build on the cached base exports")
+        for cache in ("embeddings", "factors", "operators"):  # the exports stay
+            shutil.rmtree(bank / cache)
+        recold = ptc("build", str(recipe), "--force")
+        recold_record = json.loads((root / "out" / "run.json").read_text())
         model_bytes = (target / "model.safetensors").stat().st_size
         libraries_rss = int(float(_process(IMPORT_LIBRARIES)[1].split()[-1]) * 2**20)
     return {
@@ -329,6 +339,17 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "stages": cold_record["timings"],
             "cache": cold_record["cache"],
         },
+        # The same, with the base exports cached (a model built before): all but the embed stage,
+        # over that stage; here opening the cached export for onnxruntime counts as overhead.
+        "cold_build_cached_export": {
+            "seconds": recold["seconds"],
+            "embed_over_fastest_fp32_floor": recold_record["timings"]["embed"] / floor,
+            "non_embed_over_embed": (recold["seconds"] - recold_record["timings"]["embed"])
+            / recold_record["timings"]["embed"],
+            "peak_rss_bytes": int(recold_record["peak_rss_mb"] * 2**20),
+            "stages": recold_record["timings"],
+            "cache": recold_record["cache"],
+        },
         "warm_rebuild": {
             "seconds": warm["seconds"],
             "own_floor_seconds": own["seconds"],
@@ -342,12 +363,9 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         # Peak RSS above what the libraries alone hold once imported (torch, transformers, onnx,
         # onnxruntime: ~0.85 GB here, a model's size), over the model's bytes; and the total.
         "libraries_rss_bytes": libraries_rss,
-        "peak_rss_over_model_bytes": (
-            max(cold["peak_rss_bytes"], warm["peak_rss_bytes"]) - libraries_rss
-        )
+        "peak_rss_over_model_bytes": (_peak(cold, warm, recold_record) - libraries_rss)
         / model_bytes,
-        "peak_rss_total_over_model_bytes": max(cold["peak_rss_bytes"], warm["peak_rss_bytes"])
-        / model_bytes,
+        "peak_rss_total_over_model_bytes": _peak(cold, warm, recold_record) / model_bytes,
         "export": export,
         "goals": {
             **GOALS,
@@ -357,6 +375,12 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         },
         "verification": report["verify"]["equivalence"],
     }
+
+
+def _peak(cold: dict, warm: dict, recold_record: dict) -> int:
+    return max(
+        cold["peak_rss_bytes"], warm["peak_rss_bytes"], int(recold_record["peak_rss_mb"] * 2**20)
+    )
 
 
 def _non_embed(seconds: float, timings: dict[str, float]) -> float:
@@ -414,6 +438,12 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
         (
             "cold build but embed and base export / embed stage",
             f"{cold['non_embed_over_embed']:.2f}",
+            f"<= {goals['non_embed_over_embed']}",
+        ),
+        (
+            "cold build on cached exports: all but embed / embed stage",
+            f"{results['cold_build_cached_export']['non_embed_over_embed']:.2f} "
+            f"({results['cold_build_cached_export']['seconds']:.1f} s)",
             f"<= {goals['non_embed_over_embed']}",
         ),
         (

@@ -89,7 +89,11 @@ def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
 def session_forward(path: Path) -> InputForward:
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    # The arena keeps every batch's activations allocated: at ViT-B/16, batches of 64 held 2.1 GB
+    # above the loaded graph with it and 1.2 GB without, at the same speed (measured on 2 cores).
+    options.enable_cpu_mem_arena = False
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 
     def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
