@@ -25,6 +25,9 @@ from ptc.lab.zoo import build
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index, write_world_once
 from ptc.lab.zoo.world import TASKS, write_task
 
+# One worker builds the tiny zoo these tests share (a session fixture), not both.
+pytestmark = pytest.mark.xdist_group("zoo")
+
 TINY = profile_named("tiny")
 
 

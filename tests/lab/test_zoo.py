@@ -18,6 +18,9 @@ from ptc.errors import ModelNotFound
 from ptc.lab.zoo import paper, report
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 
+# One worker builds the tiny zoo these tests share (a session fixture), not both.
+pytestmark = pytest.mark.xdist_group("zoo")
+
 TINY = profile_named("tiny")
 
 

@@ -16,6 +16,9 @@ from ptc.errors import ModelNotFound
 from ptc.lab.zoo import paper
 from ptc.lab.zoo.build import build_zoo, profile_named, read_index
 
+# One worker builds this file's audio zoo (a module fixture), not both.
+pytestmark = pytest.mark.xdist_group("audio-zoo")
+
 AUDIO_TINY = profile_named("audio-tiny")
 
 
