@@ -5,8 +5,8 @@ written whenever the model, the exporter's version or the example shapes change,
 pile up. Each folder records when it was last used (the mtime of its towers' sealed records,
 touched on every use: the records' bytes never change) and the bank remembers which lock files
 it built (`Bank.remember_lock`, `locks.json`), so pruning can go least recently used first and
-leave alone every export a lock still names. What a lock names is the lock's business (`recipe.lock`); this module
-only keeps the list of where the locks are.
+leave alone every export a lock still names. What a lock names is the lock's business
+(`recipe.lock.named_base_exports`); the bank keeps only the list of where the locks are.
 """
 
 from __future__ import annotations
