@@ -282,14 +282,10 @@ def bank_prune(
     every one that no recipe's or output's lock names. A removed export is made again by the
     next build that needs it; embeddings, descriptors and operators are never touched."""
     from ptc.compiler.bank.exports import export_folders, plan_prune, remove_export, sweep_pruned
-    from ptc.compiler.cli.bank_show import locked_exports, prune_lines, prune_report
-    from ptc.errors import BankError
+    from ptc.compiler.cli.bank_show import locked_exports, prune_lines, prune_report, require_bank
 
     store = open_bank_at(bank)
-    if not store.exists():
-        raise BankError(
-            f"no bank at {store.root} (no bank.json there)", "pass --bank DIR, or set $PTC_BANK"
-        )
+    require_bank(store)
     locked = locked_exports(store)
     plan = plan_prune(export_folders(store), set(locked), max_bytes, include_locked)
     if not dry_run:

@@ -36,11 +36,7 @@ def describe(bank: Bank) -> dict[str, Any]:
     """Per task its grid and descriptors (with their source and fine-tune), and per kind of
     cache the entries' count and bytes, grouped by the model they belong to. Every entry is
     placed by its own record (kind, task, model), not by where it lies."""
-    if not bank.exists():
-        raise BankError(
-            f"no bank at {bank.root} (no {MARKER} there)",
-            "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one",
-        )
+    require_bank(bank)
     entries = {rel: bank.entry_record(rel) for rel in bank.entry_paths()}
     sizes = {rel: (bank.root / rel).stat().st_size for rel in entries}
     descriptors: dict[Any, list[dict[str, Any]]] = {}  # by task, as each record names it
@@ -104,6 +100,15 @@ def describe(bank: Bank) -> dict[str, Any]:
         "bytes": _size(bank.root.rglob("*")),
         "parts": {part: _size((bank.root / part).rglob("*")) for part in PARTS},
     }
+
+
+def require_bank(bank: Bank) -> None:
+    """A folder that holds no bank is one clear error, before anything is read or removed."""
+    if not bank.exists():
+        raise BankError(
+            f"no bank at {bank.root} (no {MARKER} there)",
+            "pass --bank DIR, or set $PTC_BANK; `ptc task add` makes one",
+        )
 
 
 def locked_exports(bank: Bank) -> dict[str, list[str]]:

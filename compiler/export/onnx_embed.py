@@ -2,8 +2,8 @@
 
 The embed stage is most of a cold build, and on a CPU onnxruntime runs the same fp32 graph
 faster than torch eager, by how much depending on the CPU (ViT-B/16 on 2 cores: 1.11x on an
-AMD EPYC without AVX-512, 2.2x on one with it; the same embeddings to 2e-6). A build that writes ONNX exports the base towers anyway, so exporting them
-first costs it nothing. It applies where the edit acts on the embeddings themselves (an (I + A)
+AMD EPYC without AVX-512, 2.2x on one with it; the same embeddings to 2e-6). A build that
+writes ONNX exports the base towers anyway, so exporting them first costs it nothing. It applies where the edit acts on the embeddings themselves (an (I + A)
 fold: R = z, the graph's output); a family whose edit acts through other rows (SigLIP's head)
 needs its own forward pass. Prompts are few and stay on torch.
 """
@@ -22,7 +22,6 @@ from ptc.errors import InputError
 from ptc.targets.base import Batch, Family
 
 ONNXRUNTIME = "onnxruntime"
-RUNTIMES = ("auto", TORCH, ONNXRUNTIME)
 
 
 def unavailable(model: Family) -> str | None:
@@ -90,8 +89,8 @@ def session_forward(path: Path) -> InputForward:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    # The arena keeps every batch's activations allocated: at ViT-B/16, batches of 64 held 2.1 GB
-    # above the loaded graph with it and 1.2 GB without, at the same speed (measured on 2 cores).
+    # The arena keeps every batch's activations allocated: `ptc bench --size vit-b16`'s cold build
+    # peaked at 3.9 GB with it and 2.9 GB without, at the same images/s (2 cores).
     options.enable_cpu_mem_arena = False
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
