@@ -47,7 +47,7 @@ def measure(count: int, folder: Path) -> dict:
     bank = folder / "bank"
     ptc("task", "add", str(task_file), "--bank", str(bank))
     ptc("descriptor", "add", "--task", "bench", "--source", f"hf:{source}", "--finetuned",
-        str(_adapter(source, folder / "lora")), "--id", "source", "--bank", str(bank))  # fmt: skip
+        str(_adapter(f"hf:{source}", folder / "lora")), "--id", "source", "--bank", str(bank))  # fmt: skip
     recipe = folder / "recipe.yaml"
     recipe.write_text(
         yaml.safe_dump(

@@ -21,8 +21,9 @@ LAB_FLAGS = {
     "--split": "What to score: the held-out test splits (the report), or the train splits, to judge a change "
     "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
     "--quick": "CI-size run (under 5 minutes on 2 cores).",
-    "--size": "Model and grid size (default: small with --quick, vit-b otherwise). vit-b16 and vit-l14 build at "
-    "those real architectures' sizes (vit-tiny16: the same at tiny cost) and hold the build to its floors.",
+    "--size": "Model and grid size (default: small with --quick, vit-b otherwise). vit-b16, vit-l14, eva02-l14, "
+    "siglip-so400m and vit-h14 build at those real architectures' sizes (vit-tiny16: the same at tiny "
+    "cost) and hold the build to its floors.",
     "--workdir": "Folder the demo writes its world, models, bank and output into.",
 }
 
@@ -151,7 +152,7 @@ def paper(profile: str, root: Path | None, out: Path, split: str) -> None:
     click.echo(f"written: {', '.join(str(p) for p in written)}")
 
 
-REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14")
+REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14", "eva02-l14", "siglip-so400m", "vit-h14")
 
 
 @_lab(click.command)

@@ -4,11 +4,15 @@ produces are meaningless; its sizes, shapes and tokenizer are the real ones).
 
 The CLIP BPE tokenizer is the real one: open_clip's wheel ships its vocabulary and merges
 (`bpe_simple_vocab_16e6.txt.gz`), from which the transformers CLIPTokenizer files are made.
+SigLIP's is a sentencepiece model of the real vocabulary size (32,000) trained here on that
+vocabulary's words: its pieces differ from Google's, its cost per prompt does not.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,6 +58,141 @@ CONFIGS = {
 }
 
 
+# open_clip's registered architectures, built as `open_clip.create_model(name)` does.
+OPEN_CLIP_ARCHITECTURES = {"eva02-l14": "EVA02-L-14", "vit-h14": "ViT-H-14"}
+# transformers SiglipConfig fields of google/siglip-so400m-patch14-384 (NOTES-real-size.md).
+SO400M = dict(
+    hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16
+)
+SIGLIP_CONFIGS = {
+    "siglip-so400m": dict(
+        vision={**SO400M, "patch_size": 14, "image_size": 384},
+        # The tokenizer's ids (sentencepiece_model), not the public config's CLIP-era ones.
+        text={
+            **SO400M,
+            "vocab_size": 32000,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 2,
+        },
+    )
+}
+NAMES = (*CONFIGS, *OPEN_CLIP_ARCHITECTURES, *SIGLIP_CONFIGS)
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A saved real-size model: the reference a recipe names, and its checkpoint file."""
+
+    ref: str
+    weights: Path
+
+
+def build(folder: Path, name: str, seed: int = 0) -> RealModel:
+    """Save a random-weight model of the named real architecture (any of NAMES) in its family's
+    native layout, with its tokenizer and image processor."""
+    from ptc import targets
+
+    if name in CONFIGS:
+        build_clip(folder, name, seed)
+    elif name in OPEN_CLIP_ARCHITECTURES:
+        _save_open_clip(folder, name, seed)
+    elif name in SIGLIP_CONFIGS:
+        _save_siglip(folder, name, seed)
+    else:
+        raise KeyError(f"no real-size architecture {name!r}; known: {', '.join(NAMES)}")
+    scheme = "open_clip:local-dir" if name in OPEN_CLIP_ARCHITECTURES else "hf"
+    ref = f"{scheme}:{folder}"
+    weights = next(p for p in folder.glob("*.safetensors") if not p.name.startswith("adapter"))
+    targets.check(ref)
+    return RealModel(ref, weights)
+
+
+def architecture(name: str) -> torch.nn.Module:
+    """The named architecture, randomly initialised on the current default device (under
+    `torch.device("meta")` it costs nothing: how the tests count its parameters)."""
+    if name in CONFIGS:
+        from transformers import CLIPModel
+
+        return CLIPModel(_clip_config(name, len(clip_bpe_tokenizer().get_vocab())))
+    if name in OPEN_CLIP_ARCHITECTURES:
+        import open_clip
+
+        # open_clip moves what it builds to `device`: the default one, not always the CPU.
+        device = torch.empty(0).device
+        return open_clip.create_model(OPEN_CLIP_ARCHITECTURES[name], pretrained=None, device=device)
+    from transformers import SiglipConfig, SiglipModel
+
+    config = SIGLIP_CONFIGS[name]
+    return SiglipModel(SiglipConfig(text_config=config["text"], vision_config=config["vision"]))
+
+
+def _save_open_clip(folder: Path, name: str, seed: int) -> None:
+    import open_clip
+
+    from ptc.targets.openclip import write_local_dir
+
+    torch.manual_seed(seed)
+    model = architecture(name).eval()
+    model_cfg = open_clip.get_model_config(OPEN_CLIP_ARCHITECTURES[name])
+    write_local_dir(folder, model, {"model_cfg": model_cfg, "preprocess_cfg": {}}, None)
+
+
+def _save_siglip(folder: Path, name: str, seed: int) -> None:
+    from transformers import SiglipImageProcessor, SiglipTokenizer
+    from transformers.utils import logging
+
+    from ptc.targets.hf_siglip import HFSiglip
+
+    logging.disable_progress_bar()
+    config = SIGLIP_CONFIGS[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spiece.model").write_bytes(sentencepiece_model(config["text"]["vocab_size"]))
+    tokenizer = SiglipTokenizer(
+        vocab_file=str(folder / "spiece.model"),
+        model_max_length=config["text"]["max_position_embeddings"],
+    )
+    torch.manual_seed(seed)
+    model = architecture(name).eval()
+    size = config["vision"]["image_size"]
+    processor = SiglipImageProcessor(size={"height": size, "width": size})
+    HFSiglip(model, tokenizer, processor, ref=f"real-size:{name}").save_native(folder)
+
+
+def _clip_words() -> list[str]:
+    """The CLIP vocabulary's merged pieces as plain text: about 48,000 fragments of English."""
+    import open_clip.tokenizer as oc_tokenizer
+
+    lines = gzip.open(oc_tokenizer.default_bpe()).read().decode("utf-8").split("\n")
+    return ["".join(line.split()).replace("</w>", "") for line in lines[1 : 49152 - 256 - 2 + 1]]
+
+
+def sentencepiece_model(vocab_size: int) -> bytes:
+    """A sentencepiece unigram model of exactly `vocab_size` pieces (SigLIP's ids: pad 0, eos 1,
+    unk 2), trained offline on the CLIP vocabulary's words, with byte fallback."""
+    import sentencepiece as spm
+
+    words = _clip_words()
+    sentences = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=proto,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        byte_fallback=True,
+        character_coverage=1.0,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        num_threads=2,
+        minloglevel=2,
+    )
+    return proto.getvalue()
+
+
 def clip_bpe_tokenizer():
     """transformers' CLIPTokenizer on the real CLIP vocabulary (49,408 tokens), read from the
     copy open_clip ships; the same tokens and ids as open_clip's SimpleTokenizer."""
@@ -70,35 +209,37 @@ def clip_bpe_tokenizer():
     return CLIPTokenizer(vocab=vocab, merges=merges)
 
 
+def _clip_config(name: str, vocab_size: int, **special_tokens: int):
+    from transformers import CLIPConfig
+
+    config = CONFIGS[name]
+    text = dict(config["text"], vocab_size=vocab_size, max_position_embeddings=77, **special_tokens)
+    return CLIPConfig(
+        text_config=text, vision_config=config["vision"], projection_dim=config["projection_dim"]
+    )
+
+
 def build_clip(folder: Path, name: str, seed: int = 0) -> Path:
     """Save a random-weight transformers CLIPModel of the named real architecture (`CONFIGS`),
     its real tokenizer and a 224 px image processor, as save_pretrained does."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+    from transformers import CLIPImageProcessor, CLIPModel
     from transformers.utils import logging
 
     from ptc.targets.hf_clip import HFClip
 
     logging.disable_progress_bar()
-    config = CONFIGS[name]
     tokenizer = clip_bpe_tokenizer()
     vocab = tokenizer.get_vocab()
-    text = dict(
-        config["text"],
-        vocab_size=len(vocab),
-        max_position_embeddings=77,
+    config = _clip_config(
+        name,
+        len(vocab),
         bos_token_id=vocab["<|startoftext|>"],
         eos_token_id=vocab["<|endoftext|>"],
         pad_token_id=vocab["<|endoftext|>"],
     )
     torch.manual_seed(seed)
-    model = CLIPModel(
-        CLIPConfig(
-            text_config=text,
-            vision_config=config["vision"],
-            projection_dim=config["projection_dim"],
-        )
-    ).eval()
-    size = config["vision"]["image_size"]
+    model = CLIPModel(config).eval()
+    size = CONFIGS[name]["vision"]["image_size"]
     processor = CLIPImageProcessor(
         size={"shortest_edge": size}, crop_size={"height": size, "width": size}
     )
