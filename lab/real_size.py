@@ -64,19 +64,19 @@ OPEN_CLIP_ARCHITECTURES = {"eva02-l14": "EVA02-L-14", "vit-h14": "ViT-H-14"}
 SO400M = dict(
     hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16
 )
+# The tokenizer's ids (sentencepiece_model), not the public config's CLIP-era ones.
+SIGLIP_TEXT = dict(
+    vocab_size=32000, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=2
+)
 SIGLIP_CONFIGS = {
     "siglip-so400m": dict(
-        vision={**SO400M, "patch_size": 14, "image_size": 384},
-        # The tokenizer's ids (sentencepiece_model), not the public config's CLIP-era ones.
-        text={
-            **SO400M,
-            "vocab_size": 32000,
-            "max_position_embeddings": 64,
-            "pad_token_id": 0,
-            "eos_token_id": 1,
-            "bos_token_id": 2,
-        },
-    )
+        vision={**SO400M, "patch_size": 14, "image_size": 384}, text={**SO400M, **SIGLIP_TEXT}
+    ),
+    # The real tokenizer and image size on 2-layer, 64-wide towers: so400m's build at tiny cost.
+    "siglip-tiny14": dict(
+        vision={**VISION_TINY, "patch_size": 14, "image_size": 384},
+        text={**TEXT_TINY, **SIGLIP_TEXT},
+    ),
 }
 NAMES = (*CONFIGS, *OPEN_CLIP_ARCHITECTURES, *SIGLIP_CONFIGS)
 
@@ -169,12 +169,22 @@ def _clip_words() -> list[str]:
 
 
 def sentencepiece_model(vocab_size: int) -> bytes:
-    """A sentencepiece unigram model of exactly `vocab_size` pieces (SigLIP's ids: pad 0, eos 1,
-    unk 2), trained offline on the CLIP vocabulary's words, with byte fallback."""
+    """A sentencepiece unigram model (as SigLIP's) of exactly `vocab_size` pieces (SigLIP's ids:
+    pad 0, eos 1, unk 2), trained offline on the CLIP vocabulary's words, with byte fallback.
+    On the words alone unigram training tops out near 20,000 pieces: they go in three times,
+    shuffled, and twice more joined in pairs (about 10 seconds on 2 cores)."""
+    import random
+
     import sentencepiece as spm
 
-    words = _clip_words()
-    sentences = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    words, rng, sentences = _clip_words(), random.Random(0), []
+    for _ in range(3):
+        rng.shuffle(words)
+        sentences += [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    for _ in range(2):
+        rng.shuffle(words)
+        pairs = [a + b for a, b in zip(words[::2], words[1::2])]
+        sentences += [" ".join(pairs[i : i + 12]) for i in range(0, len(pairs), 12)]
     proto = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
