@@ -38,6 +38,7 @@ class GridEmbeddings:
     regressors: torch.Tensor | None = None  # N x p rows an edit acts through; None: the inputs
     # the device, precision and runtime of the passes that made it
     made_by: dict[str, str] | None = None
+    prompts: torch.Tensor | None = None  # P x d, unnormalised, in the task's prompt order
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,12 @@ def grid_embeddings(entry: Entry, task: TaskRecord, computed: bool) -> GridEmbed
         "runtime": entry.meta.get("runtime", TORCH),
     }
     return GridEmbeddings(
-        inputs, class_embeddings(prompts.double(), len(task.classes)), computed, regressors, made_by
+        inputs,
+        class_embeddings(prompts.double(), len(task.classes)),
+        computed,
+        regressors,
+        made_by,
+        prompts,
     )
 
 

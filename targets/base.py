@@ -141,6 +141,10 @@ class Exportable(Protocol):
         """What an ONNX-only client needs besides the graphs: preprocessing as data, the
         tokenizer as a `tokenizers` file (targets/serving.py)."""
 
+    def prompt_tokens(self, prompts: list[str]) -> Batch:
+        """The text graph's inputs for `prompts`, tokenised and padded the family's own way:
+        what the serving contract's tokenizer must reproduce."""
+
 
 @runtime_checkable
 class Trainable(Protocol):

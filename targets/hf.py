@@ -254,6 +254,10 @@ class HFDualEncoder(OnDevice):
             .cpu()
         )
 
+    def prompt_tokens(self, prompts: list[str]) -> Batch:
+        tokens = self._tokenize(prompts)
+        return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"]}
+
     def embed_prompts_with(self, module: torch.nn.Module, prompts: list[str]) -> torch.Tensor:
         tokens = self._tokenize(prompts)
         return self.text_embedding(

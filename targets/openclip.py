@@ -243,6 +243,9 @@ class OpenClip(OnDevice):
     def embed_with(self, module: Any, batch: Batch) -> torch.Tensor:
         return module.encode_image(batch["pixel_values"])
 
+    def prompt_tokens(self, prompts: list[str]) -> Batch:
+        return {"input_ids": self.tokenizer(prompts)}
+
     def embed_prompts_with(self, module: Any, prompts: list[str]) -> torch.Tensor:
         return module.encode_text(self.tokenizer(prompts).to(next(module.parameters()).device))
 

@@ -3,6 +3,7 @@ serving contract to the family's own embeddings and predictions, for every famil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -233,9 +234,63 @@ def test_a_build_ships_the_contract_and_reports_how_close_it_came(built):
         figures["serving_inputs_identical"]
         == f"{figures['check_inputs']}/{figures['check_inputs']}"
     )
+    identical, checked = figures["serving_prompts_identical"].split("/")
+    assert identical == checked and int(checked) > 1  # the recipe's prompts and the long one
     contract = json.loads((out / "onnx" / "serving.json").read_text())
     config = json.loads((out / "model" / "config.json").read_text())
     assert contract["text"]["context_length"] == config["text_config"]["max_position_embeddings"]
+
+
+def test_a_contract_whose_tokenizer_differs_fails_the_build_naming_a_prompt(
+    world, tmp_path, monkeypatch
+):
+    """Two words' ids swapped in the contract's tokenizer.json: every prompt with either word
+    would reach the text graph as another prompt."""
+    from conftest import write_recipe
+    from ptc.targets.hf_clip import HFClip
+
+    described = HFClip.serving_spec
+
+    def swapped_words(self):
+        spec = described(self)
+        document = json.loads(spec.tokenizer_json)
+        vocab = document["model"]["vocab"]
+        vocab["red</w>"], vocab["blue</w>"] = vocab["blue</w>"], vocab["red</w>"]
+        return dataclasses.replace(spec, tokenizer_json=json.dumps(document))
+
+    monkeypatch.setattr(HFClip, "serving_spec", swapped_words)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    result = run_ptc("build", recipe)
+    assert result.returncode != 0
+    assert "serving_prompts_identical" in result.stderr
+    assert "red" in result.stderr or "blue" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_warm_rebuild_checks_the_served_text_against_the_cached_prompts(
+    built, world, tmp_path, monkeypatch
+):
+    """The embed stage's prompt embeddings are the serving and reload checks' reference: torch's
+    text tower runs only the reloaded checkpoint's few prompts and the prompt past the context."""
+    from conftest import write_recipe
+    from ptc.compiler.build.outputs import RELOAD_CHECKS
+    from ptc.compiler.export.serving import LONG_PROMPT
+    from ptc.targets.hf import HFDualEncoder
+
+    embedded: list[str] = []
+    own = HFDualEncoder.embed_prompts
+
+    def counted(self, prompts):
+        embedded.extend(prompts)
+        return own(self, prompts)
+
+    monkeypatch.setattr(HFDualEncoder, "embed_prompts", counted)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world)
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
+    assert len(embedded) == RELOAD_CHECKS + 1 and LONG_PROMPT in embedded
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verify"]["equivalence"]["serving_text_max_abs_diff"] <= 1e-5
 
 
 def test_a_contract_that_misdescribes_the_preprocessing_fails_the_build(

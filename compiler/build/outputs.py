@@ -26,6 +26,7 @@ from ptc.compiler.export.serving import (
     LONG_PROMPT,
     preprocess_difference,
     preprocess_tolerance,
+    token_agreement,
     write_contract,
 )
 from ptc.compiler.export.stamp import stamp_safetensors
@@ -48,7 +49,7 @@ from ptc.compiler.recipe.lock import (
 from ptc.compiler.recipe.options import Options
 from ptc.compiler.recipe.plan import Plan, TermRecord
 from ptc.compiler.serve.client import OnnxClient
-from ptc.compiler.serve.contract import read_contract
+from ptc.compiler.serve.contract import TOKENIZER_FILE, read_contract
 from ptc.compiler.verify.certify import TERMS_FILE, write_terms
 from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
 from ptc.errors import OutputError, VerifyError, library_errors
@@ -61,8 +62,12 @@ from ptc.targets.base import Family, OnnxTower, batch_rows
 RELOAD_CHECKS = 4
 # What writes each reduced-precision variant of a tower (export.precision), from its fp32 graph.
 REDUCED_PRECISIONS = {"fp16": fp16_variant, "int8": int8_variant}
-# The serving contract's tokenizer is checked on the recipe's prompts, at most this many.
+# The serving contract's tokenizer is checked on the recipe's prompts, at most this many, token
+# for token; its text graph on the first few of them and a prompt past the context. A prompt
+# tokenised identically then gets the graph's verified output: running the graph on all of
+# them was most of a cold build's serving check (a text tower pass per prompt, twice).
 SERVING_PROMPTS = 64
+SERVING_TEXT_PASSES = 4
 
 
 @dataclass
@@ -245,7 +250,9 @@ def export_native(staging: Staging, exported: Exported) -> None:
         prompts = plan.terms[0].task.prompts[:RELOAD_CHECKS]
         diff = max(
             max_abs_difference(reloaded.embed_inputs(few), edit.check_outputs[:RELOAD_CHECKS]),
-            max_abs_difference(reloaded.embed_prompts(prompts), edited.embed_prompts(prompts)),
+            max_abs_difference(
+                reloaded.embed_prompts(prompts), reference_prompts(edited, check.prompts, prompts)
+            ),
         )
     atol = plan.recipe.verify.equivalence_atol
     exported.reload_max_abs_diff = require("reload_max_abs_diff", diff, atol)
@@ -317,7 +324,8 @@ def export_serving(staging: Staging, towers: list[OnnxTower], exported: Exported
     of the check input files against the batch the graphs were verified on (within two
     intensity levels for a resized image), and its tokenizer and text graph against the edited
     model's prompt embeddings, a prompt past the context included (within the build's
-    tolerance). Inputs the client preprocesses identically get the graph's verified output."""
+    tolerance). Inputs and prompts the client preprocesses identically get the graph's verified
+    output; a prompt it tokenises otherwise fails the build."""
     plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
     atol = plan.recipe.verify.equivalence_atol
     folder = staging.folder / "onnx"
@@ -329,9 +337,19 @@ def export_serving(staging: Staging, towers: list[OnnxTower], exported: Exported
         largest, identical = preprocess_difference(client.input_arrays(check.paths), check.batch)
         prompts = sorted({p for term in plan.terms for p in term.task.prompts})[:SERVING_PROMPTS]
         prompts.append(LONG_PROMPT)
+        same = token_agreement(client.token_arrays(prompts), edit.edited.prompt_tokens(prompts))
+        if not same.all():
+            raise VerifyError(
+                f"verification failed: serving_prompts_identical = {same.sum()}/{len(prompts)}: "
+                f"onnx/{TOKENIZER_FILE} tokenises {prompts[int(np.argmin(same))]!r} otherwise "
+                "than the family's tokenizer",
+                "nothing was written; the family's serving_spec describes its tokenizer wrongly",
+            )
+        passes = [*prompts[: min(SERVING_TEXT_PASSES, len(prompts) - 1)], LONG_PROMPT]
         text_diff = max_abs_difference(
-            client.embed_texts(prompts), edit.edited.embed_prompts(prompts)
+            client.embed_texts(passes), reference_prompts(edit.edited, check.prompts, passes)
         )
+    exported.serving_prompts_identical = f"{int(same.sum())}/{len(prompts)}"
     exported.serving_preprocess_max_abs_diff = require(
         "serving_preprocess_max_abs_diff",
         largest,
@@ -339,6 +357,16 @@ def export_serving(staging: Staging, towers: list[OnnxTower], exported: Exported
     )
     exported.serving_inputs_identical = f"{identical}/{len(check.paths)}"
     exported.serving_text_max_abs_diff = require("serving_text_max_abs_diff", text_diff, atol)
+
+
+def reference_prompts(
+    model: Family, cached: dict[str, torch.Tensor], prompts: list[str]
+) -> torch.Tensor:
+    """The model's embeddings of `prompts`: the embed stage's where it holds them (an edit
+    leaves the text tower as it was), a pass for the rest."""
+    missing = [p for p in prompts if p not in cached]
+    computed = dict(zip(missing, model.embed_prompts(missing))) if missing else {}
+    return torch.stack([cached[p] if p in cached else computed[p] for p in prompts])
 
 
 def export_onnx_tower(

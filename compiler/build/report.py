@@ -35,6 +35,7 @@ class Exported:
     onnx_bytes: dict[str, int] = field(default_factory=dict)  # each graph with its data file
     serving_preprocess_max_abs_diff: float | None = None
     serving_inputs_identical: str | None = None  # "k/n" check inputs preprocessed identically
+    serving_prompts_identical: str | None = None  # "k/n" prompts tokenised identically
     serving_text_max_abs_diff: float | None = None
     serving_files: list[str] = field(default_factory=list)
     triton_models: list[str] = field(default_factory=list)
@@ -55,6 +56,7 @@ class Exported:
             "int8_top1_agreement",
             "serving_preprocess_max_abs_diff",
             "serving_inputs_identical",
+            "serving_prompts_identical",
             "serving_text_max_abs_diff",
         )
         return {name: getattr(self, name) for name in names}

@@ -190,7 +190,8 @@ def check_set(
     plan: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings], count: int
 ) -> Check:
     """Probe files spread evenly over the recipe's grids, `count` in all, their batch, and the
-    target's (z, R) of them where the cache holds a CPU fp32 reference."""
+    target's (z, R) of them where the cache holds a CPU fp32 reference; likewise its prompts'
+    embeddings (prompts run on torch whatever ran the inputs)."""
     probes = {pt.task.name: pt.task.probes for pt in plan.terms}
     per_grid = max(1, count // len(probes))
     picked: list[tuple[str, int]] = []
@@ -200,6 +201,11 @@ def check_set(
     picked = picked[: max(count, len(probes))]
     paths = [probes[name][index] for name, index in picked]
     base = None
+    prompts: dict[str, torch.Tensor] = {}
+    for pt in plan.terms:
+        grid = grids[pt.task.name]
+        if grid.prompts is not None and _fp32_cpu(grid.made_by):
+            prompts.update(zip(pt.task.prompts, grid.prompts))
     if all(grids[name].made_by == FP32_CPU for name in probes):
         z = torch.stack([grids[name].inputs[index] for name, index in picked])
         rows = [grids[name].regressors for name, _ in picked]
@@ -207,7 +213,13 @@ def check_set(
         if all(row is not None for row in rows):
             r = torch.stack([row[i] for row, (_, i) in zip(rows, picked) if row is not None])
         base = (z, r)
-    return Check(paths, target.load_inputs(paths), base)
+    return Check(paths, target.load_inputs(paths), base, prompts)
+
+
+def _fp32_cpu(made_by: dict[str, str] | None) -> bool:
+    return made_by is not None and all(
+        made_by.get(k) == FP32_CPU[k] for k in ("device", "precision")
+    )
 
 
 def grid_residuals(plan: Plan, grids: dict[str, GridEmbeddings], edit: Edit) -> dict[str, float]:

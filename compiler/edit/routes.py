@@ -68,6 +68,8 @@ class Check:
     batch: Batch
     # the target's (z, R) of them, if cached
     base: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    # the target's unnormalised embedding of each prompt the cache holds on the same terms
+    prompts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass

@@ -79,3 +79,17 @@ def preprocess_difference(arrays: dict[str, np.ndarray], batch: Batch) -> tuple[
         largest = max(largest, float(gap.max(initial=0.0)))
         identical &= gap.reshape(len(gap), -1).max(axis=1, initial=0.0) <= FLOAT_ROUNDING
     return largest, int(identical.sum())
+
+
+def token_agreement(arrays: dict[str, np.ndarray], tokens: Batch) -> np.ndarray:
+    """Which prompts the contract's tokenizer turns into exactly the family's text-graph inputs
+    (ids and, where the graph takes one, the mask): one bool per prompt, False for every prompt
+    where the two disagree on a padded length."""
+    rows = len(next(iter(tokens.values())))
+    same = np.ones(rows, dtype=bool)
+    for name, array in arrays.items():
+        expected = tokens[name].cpu().numpy() if name in tokens else None
+        if expected is None or array.shape != expected.shape:
+            return np.zeros(rows, dtype=bool)
+        same &= (array == expected).all(axis=1)
+    return same
