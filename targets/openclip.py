@@ -31,6 +31,7 @@ from ptc.targets.base import (
     merge_adapter,
 )
 from ptc.targets.checkpoint import (
+    build_assigned,
     declared_shapes,
     require_finite_weights,
     require_matching,
@@ -166,8 +167,7 @@ class OpenClip(OnDevice):
             require_matching(
                 declared, stored, ref, config_file, ignore=lambda name: "attn_mask" in name
             )
-            model = build()
-            model.load_state_dict(load_file(str(weights)), strict=False)
+            model: Any = build_assigned(build, load_file(str(weights)), ref)
         require_finite_weights(model, ref, stored)
         with library_errors(f"{ref}: preprocess_cfg"):
             preprocess_cfg = {

@@ -542,3 +542,29 @@ def test_a_saved_checkpoint_states_its_text_context_where_readers_look(family, t
     reloaded = targets.load(f"hf:{tmp_path / 'saved'}")
     prompts = [long_prompt, "a red square"]
     assert torch.equal(reloaded.embed_prompts(prompts), encoder.embed_prompts(prompts))
+
+
+def test_open_clip_loads_the_checkpoints_tensors_as_its_parameters(tmp_path):
+    """Parameters built on the meta device and assigned the checkpoint's tensors: the same model
+    as one built for real and copied into (weights, computed buffers, embeddings), in the dtype
+    the model declares even where the file holds fp16."""
+    import open_clip
+    from safetensors.torch import load_file, save_file
+
+    folder = openclip.build_tiny(tmp_path / "m", seed=3)
+    stored = load_file(str(folder / WEIGHTS))
+    save_file({k: v.half() for k, v in stored.items()}, str(folder / WEIGHTS))
+    encoder = targets.load(f"open_clip:local-dir:{folder}")
+    config = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]
+    copied = open_clip.CLIP(**config).eval()
+    copied.load_state_dict({k: v.half().float() for k, v in stored.items()}, strict=False)
+    loaded = encoder.model.state_dict()
+    assert loaded.keys() == copied.state_dict().keys()
+    for name, tensor in copied.state_dict().items():
+        assert loaded[name].dtype == torch.float32 and torch.equal(loaded[name], tensor), name
+    assert not any(p.is_meta for p in encoder.model.parameters())
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    tokens = encoder.tokenizer(["a photo of a red square", "a dog"])  # the attention mask
+    with torch.inference_mode():
+        assert torch.equal(encoder.model.encode_image(pixels), copied.encode_image(pixels))
+        assert torch.equal(encoder.model.encode_text(tokens), copied.encode_text(tokens))
