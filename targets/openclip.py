@@ -150,9 +150,11 @@ class OpenClip(OnDevice):
         _run_tower_hooks()
 
         def build() -> Any:
-            if "custom_text" in model_cfg:
-                return open_clip.CustomTextCLIP(**model_cfg)
-            return open_clip.CLIP(**model_cfg)
+            # `custom_text` picks the class (as create_model reads it); neither class takes it.
+            kwargs = {k: v for k, v in model_cfg.items() if k != "custom_text"}
+            if model_cfg.get("custom_text"):
+                return open_clip.CustomTextCLIP(**kwargs)
+            return open_clip.CLIP(**kwargs)
 
         config_file = (
             CONFIG

@@ -568,3 +568,34 @@ def test_open_clip_loads_the_checkpoints_tensors_as_its_parameters(tmp_path):
     with torch.inference_mode():
         assert torch.equal(encoder.model.encode_image(pixels), copied.encode_image(pixels))
         assert torch.equal(encoder.model.encode_text(tokens), copied.encode_text(tokens))
+
+
+def test_open_clip_config_with_custom_text_loads_the_custom_text_class(tmp_path):
+    """`custom_text` (EVA02-L-14's registered config has it) names the class create_model builds:
+    the folder loads as that class with its own tensors, and embeds as the model that wrote it."""
+    import open_clip
+
+    from ptc.targets.openclip import write_local_dir
+
+    model_cfg = {
+        "embed_dim": 20,
+        "vision_cfg": {
+            "image_size": 32,
+            "patch_size": 8,
+            "width": 32,
+            "layers": 2,
+            "head_width": 16,
+        },
+        "text_cfg": {"context_length": 24, "width": 32, "heads": 2, "layers": 2},
+    }
+    torch.manual_seed(5)
+    written = open_clip.CustomTextCLIP(**model_cfg).eval()
+    config = {"model_cfg": model_cfg | {"custom_text": True}, "preprocess_cfg": {}}
+    write_local_dir(tmp_path / "m", written, config, None)
+    encoder = targets.load(f"open_clip:local-dir:{tmp_path / 'm'}")
+    assert type(encoder.model) is open_clip.CustomTextCLIP
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    tokens = encoder.tokenizer(["a photo of a red square", "a dog"])
+    with torch.inference_mode():
+        assert torch.equal(encoder.model.encode_image(pixels), written.encode_image(pixels))
+        assert torch.equal(encoder.model.encode_text(tokens), written.encode_text(tokens))
