@@ -224,21 +224,31 @@ def terms_file_record(plan: Plan, target: Family, terms: list[TermRecord]) -> di
 def export_and_verify(target: Target, staging: Staging) -> Exported:
     exported = Exported(written=True)
     formats = staging.plan.recipe.export.formats
-    if "safetensors" in formats:
-        export_native(staging, exported)
     if "onnx" in formats:
         export_onnx_towers(staging, target.model, exported)
+    if "safetensors" in formats:  # last: see export_native
+        export_native(staging, exported, release=[target.model])
     return exported
 
 
-def export_native(staging: Staging, exported: Exported) -> None:
-    """The edited checkpoint in the family's own format, reloaded and compared."""
+def export_native(staging: Staging, exported: Exported, release: list[Family]) -> None:
+    """The edited checkpoint in the family's own format, reloaded and compared.
+
+    The reload is the build's last use of model weights, and the reloaded copy is a whole
+    model: held beside the target and the edited model (which shares all but the edited
+    tensors with it, or none after an adapter merge) it was the build's peak memory, two or
+    three models' bytes. So the reference outputs are taken first and the edited model and
+    the `release` models let their weights go (to the meta device) before the reload."""
     plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
     edited, folder = edit.edited, staging.folder / "model"
     with run.stage("export_native"):
         scheme = edited.save_native(folder)
         stamp_safetensors(folder, staging.provenance)
     with run.stage("verify_reload"):
+        prompts = plan.terms[0].task.prompts[:RELOAD_CHECKS]
+        expected_prompts = reference_prompts(edited, check.prompts, prompts)
+        for model in [edited, *release]:
+            model.to_device(torch.device("meta"))
         reloaded = targets.load(f"{scheme}:{folder}")
         batch = reloaded.load_inputs(check.paths)
         if any(not torch.equal(batch[name], check.batch[name]) for name in check.batch):
@@ -247,12 +257,9 @@ def export_native(staging: Staging, exported: Exported) -> None:
                 "nothing was written; the family's save_native loses part of its processor",
             )
         few = batch_rows(batch, slice(0, RELOAD_CHECKS))
-        prompts = plan.terms[0].task.prompts[:RELOAD_CHECKS]
         diff = max(
             max_abs_difference(reloaded.embed_inputs(few), edit.check_outputs[:RELOAD_CHECKS]),
-            max_abs_difference(
-                reloaded.embed_prompts(prompts), reference_prompts(edited, check.prompts, prompts)
-            ),
+            max_abs_difference(reloaded.embed_prompts(prompts), expected_prompts),
         )
     atol = plan.recipe.verify.equivalence_atol
     exported.reload_max_abs_diff = require("reload_max_abs_diff", diff, atol)
