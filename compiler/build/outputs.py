@@ -4,6 +4,7 @@ bytes, then the folder renamed into place; and the recipe's lock brought up to d
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,7 @@ def export_native(staging: Staging, exported: Exported, release: list[Family]) -
         expected_prompts = reference_prompts(edited, check.prompts, prompts)
         for model in [edited, *release]:
             model.to_device(torch.device("meta"))
+        gc.collect()  # the exporter's graphs reach the old weights through reference cycles
         reloaded = targets.load(f"{scheme}:{folder}")
         batch = reloaded.load_inputs(check.paths)
         if any(not torch.equal(batch[name], check.batch[name]) for name in check.batch):

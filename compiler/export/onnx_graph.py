@@ -101,6 +101,23 @@ def export_onnx(tower: OnnxTower, path: Path) -> None:
         raise OutputError(f"ONNX export of {tower.name} returned no program")
     _drop_stack_traces(program.model)
     program.save(str(path), external_data=True)  # tensors beside the graph: see tower_cache.py
+    _let_go_of_parameters(program.model.graph)
+
+
+def _let_go_of_parameters(graph: Any) -> None:
+    """onnxscript's rewrite rules are module-level objects that keep the last graph they matched,
+    whose values wrap the exported module's own parameters (its unused ones too): a model let go
+    after its export stayed in memory whole (torch 2.14). Once saved, the graph needs no data."""
+    # The inputs' reference counter still holds the unused parameters the exporter removed.
+    values = [
+        *graph.inputs,
+        *getattr(graph.inputs, "_ref_counter", ()),
+        *graph.initializers.values(),
+    ]
+    values += [v for node in graph.all_nodes() for v in node.inputs if v is not None]
+    for value in values:
+        value.const_value = None
+    graph.initializers.clear()
 
 
 def set_metadata(model: onnx.ModelProto, provenance: dict[str, str]) -> None:
