@@ -88,8 +88,8 @@ def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
 
 # Images per session run. The session's activations grow with its batch while its speed does
 # not (a ViT's matrix products are already large at a few images): over ViT-B/16's 329 MB graph,
-# runs of 8 held 603 MB at their peak against 1,234 MB for runs of 64, at 1.14x their images/s
-# (benchmarks/session_batch.py, 2 cores).
+# runs of 8 held 603 MB at their peak against 1,234 MB for runs of 64, at 1.04x and 1.14x
+# their images/s in two rounds (benchmarks/session_batch.py, 2 cores).
 SESSION_BATCH = 8
 
 

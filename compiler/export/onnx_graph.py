@@ -109,13 +109,7 @@ def _let_go_of_parameters(graph: Any) -> None:
     whose values wrap the exported module's own parameters (its unused ones too): a model let go
     after its export stayed in memory whole (torch 2.14). Once saved, the graph needs no data."""
     # The inputs' reference counter still holds the unused parameters the exporter removed.
-    values = [
-        *graph.inputs,
-        *getattr(graph.inputs, "_ref_counter", ()),
-        *graph.initializers.values(),
-    ]
-    values += [v for node in graph.all_nodes() for v in node.inputs if v is not None]
-    for value in values:
+    for value in [*graph.initializers.values(), *getattr(graph.inputs, "_ref_counter", ())]:
         value.const_value = None
     graph.initializers.clear()
 
