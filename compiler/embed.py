@@ -26,6 +26,7 @@ RowsT = TypeVar("RowsT")
 
 
 TORCH = "torch"  # the runtime of a model's own forward passes
+ONNXRUNTIME = "onnxruntime"  # onnxruntime on its base export (compiler/export/onnx_embed.py)
 # A forward pass of the input tower on a batch: (z, R or None), as DualEncoder.embed_for_edit.
 InputForward = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
 

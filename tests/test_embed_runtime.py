@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_info, model_key
 from ptc.compiler.export.onnx_embed import choose_runtime
+from ptc.compiler.export.runtime_speed import machine_label, speed_key
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import CPU, place
 from ptc.errors import InputError
@@ -82,3 +84,97 @@ def test_a_runtime_that_cannot_run_is_refused_in_one_line_before_any_pass(world,
         "in bf16 (onnxruntime runs the fp32 graph) (hint: use --embed-runtime auto (it picks "
         "torch there) or torch)"
     ]
+
+
+def _runtime_records(bank: Path) -> list[Path]:
+    return sorted(bank.glob("runtimes/*.json"))
+
+
+def test_auto_measures_both_runtimes_once_per_model_and_machine(world, bank_copy, tmp_path):
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy))
+    for record in _runtime_records(bank_copy):
+        record.unlink()  # what other tests measured: this build measures afresh
+    built = run_ptc("build", recipe, "--json")
+    assert built.returncode == 0, built.stderr
+    assert "measure_runtime" in json.loads(built.stdout)["run"]["timings"]
+    (path,) = _runtime_records(bank_copy)
+    record = Bank(bank_copy).runtime_speed(path.stem)
+    assert record is not None
+    rates = record["images_per_second"]
+    assert rates["torch"] > 0 and rates["onnxruntime"] > 0 and record["inputs"] == 4
+    expected = "onnxruntime" if rates["onnxruntime"] >= 0.95 * rates["torch"] else "torch"
+    assert record["chosen"] == expected
+    assert record["machine"] == machine_label()
+    assert path.stem == speed_key(
+        model_info(targets.load(f"hf:{world.target}")).weights_key, machine_label()
+    )
+    lock = json.loads((tmp_path / "recipe.lock").read_text())
+    assert {made["runtime"] for made in lock["edit"]["embeddings"].values()} == {expected}
+
+    shown = json.loads(run_ptc("bank", "show", "--bank", bank_copy, "--json").stdout)
+    assert shown["runtimes"] == [
+        {k: record[k] for k in ("model_ref", "machine", "images_per_second", "chosen")}
+    ]
+
+    written = path.read_bytes()
+    again = run_ptc("build", recipe, "--force", "--json")  # read, not measured again
+    assert again.returncode == 0, again.stderr
+    assert "measure_runtime" not in json.loads(again.stdout)["run"]["timings"]
+    assert path.read_bytes() == written
+
+
+def test_a_recorded_faster_torch_makes_auto_embed_on_torch(world, bank_copy, tmp_path):
+    """Where onnxruntime measured slower here (ViT-H/14 on an AMD EPYC: 0.89x), `auto` embeds on
+    torch: the record, written as a measurement writes it, decides."""
+    target = targets.load(f"hf:{world.target}")
+    weights_key = model_info(target).weights_key
+    for record in _runtime_records(bank_copy):
+        record.unlink()
+    Bank(bank_copy).put_runtime_speed(
+        speed_key(weights_key, machine_label()),
+        {
+            "model_ref": target.ref,
+            "machine": machine_label(),
+            "images_per_second": {"torch": 10.0, "onnxruntime": 8.9},
+            "inputs": 4,
+            "chosen": "torch",
+        },
+    )
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy))
+    built = run_ptc("build", recipe, "--json")
+    assert built.returncode == 0, built.stderr
+    timings = json.loads(built.stdout)["run"]["timings"]
+    assert "measure_runtime" not in timings and "export_base" not in timings
+    lock = json.loads((tmp_path / "recipe.lock").read_text())
+    assert {made["runtime"] for made in lock["edit"]["embeddings"].values()} == {"torch"}
+
+
+def test_a_damaged_runtime_record_is_refused_in_one_line(world, bank_copy, tmp_path):
+    target = targets.load(f"hf:{world.target}")
+    key = speed_key(model_info(target).weights_key, machine_label())
+    bank = Bank(bank_copy)
+    bank.put_runtime_speed(
+        key,
+        {
+            "images_per_second": {"torch": 1.0, "onnxruntime": 2.0},
+            "inputs": 4,
+            "chosen": "onnxruntime",
+        },
+    )
+    path = bank_copy / "runtimes" / f"{key}.json"
+    path.write_text(path.read_text().replace('"chosen": "onnxruntime"', '"chosen": "torch"'))
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy))
+    result = run_ptc("build", recipe, "-q")  # writes ONNX: onnxruntime is a candidate
+    assert result.returncode == 2
+    assert not (tmp_path / "out").exists()
+    assert result.stderr.strip().splitlines() == [
+        f"ptc: error: bank runtime record {path} failed its integrity check (modified, or copied "
+        "from elsewhere) (hint: delete it: the next build that embeds on `--embed-runtime auto` "
+        "measures again)"
+    ]
+    verified = run_ptc("bank", "verify", "--bank", bank_copy)
+    assert verified.returncode != 0
+    assert (
+        f"bank runtime record {path} failed its integrity check"
+        in verified.stdout + verified.stderr
+    )

@@ -11,6 +11,7 @@ what it was made from and a hash of its tensors, checked on every read):
     factors/<target>/<grid>.safetensors            thin SVDs of the target's F and G
     operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
     exports/<key>/<tower>.onnx, .onnx.data, .json  base towers' ONNX graphs, sealed (a cache)
+    runtimes/<model>-<machine>.json                which runtime embeds a model faster here, sealed
     locks.json                                     the lock files builds from it wrote, sealed
 
 <model> and <target> are model fingerprints (hashes of the weights), <grid> a grid hash.
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # torch loads with the first tensor entry, not for `ptc task 
 BANK_FORMAT = 3  # 2: every record sealed with record_sha256; 3: and bound to its key
 UPGRADABLE_FORMATS = (2,)
 MARKER, SCRATCH = "bank.json", ".tmp"
+_REMEASURE_HINT = "delete it: the next build that embeds on `--embed-runtime auto` measures again"
 LOCKS_FILE = (
     "locks.json"  # the lock files builds from this bank wrote (`ptc bank prune` keeps theirs)
 )
@@ -456,6 +458,47 @@ class Bank:
         _EXPORTS_VERIFIED.add(stamp)
         return None
 
+    # -- embedding runtimes measured per model and machine (compiler/export/runtime_speed.py) ---
+    # runtimes/<key>.json: a sealed record of both runtimes' images/s and the one chosen.
+    def runtime_speed(self, key: str) -> dict[str, Any] | None:
+        """The sealed runtime record under `key`, None where there is none; a damaged one is a
+        BankError (the choice names the cached embeddings' key, so it is never guessed)."""
+        path = self.root / "runtimes" / f"{key}.json"
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise BankError(
+                f"bank runtime record {path} is corrupt: {exc}", _REMEASURE_HINT
+            ) from None
+        if (
+            not _seal_intact(record)
+            or record.get("entry") != f"runtimes/{key}"
+            or record.get("chosen") not in ("torch", "onnxruntime")
+        ):
+            raise BankError(
+                f"bank runtime record {path} failed its integrity check (modified, or copied "
+                "from elsewhere)",
+                _REMEASURE_HINT,
+            )
+        return dict(record)
+
+    def put_runtime_speed(self, key: str, record: dict[str, Any]) -> None:
+        self._ensure()
+        sealed = _sealed({"kind": "runtime", "entry": f"runtimes/{key}", **record})
+        write_json_atomic(self.root / "runtimes" / f"{key}.json", sealed, self.scratch)
+
+    def _runtime_problems(self) -> tuple[int, list[str]]:
+        records = sorted(self.root.glob("runtimes/*.json"))
+        problems = []
+        for path in records:
+            try:
+                self.runtime_speed(path.stem)
+            except BankError as exc:
+                problems.append(exc.message)
+        return len(records), problems
+
     # -- the locks built from this bank (compiler/bank/exports.py prunes around them) ------------
     # locks.json: a sealed record of the lock files' absolute paths.
     def remember_lock(self, lock_path: Path) -> None:
@@ -557,9 +600,10 @@ class Bank:
             except BankError as exc:
                 problems.append(exc.message)
         exports, export_problems = self._export_problems()
+        runtimes, runtime_problems = self._runtime_problems()
         locks = self._locks_problem()
         export_problems += [locks] if locks is not None else []
-        return count + exports, problems + export_problems
+        return count + exports + runtimes, problems + export_problems + runtime_problems
 
     def _cross_check(self, entry: Entry) -> list[str]:
         """A descriptor made on another grid than its task's (copied in from another bank)."""

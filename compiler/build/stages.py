@@ -22,9 +22,11 @@ from ptc.compiler.embed import (
     GridEmbeddings,
     embed_grid,
     embed_probe_files_for_edit,
+    model_info,
     model_key,
 )
 from ptc.compiler.export.onnx_embed import OnnxInputPass, choose_runtime, input_forward
+from ptc.compiler.export.runtime_speed import SAMPLE_INPUTS, measure_runtimes, recorded_runtime
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
     check_locked,
@@ -92,16 +94,34 @@ def load_target(plan: Plan, options: Options, run: Run) -> Target:
     elif options.export:
         refuse_foreign_lock(recipe_lock_path(plan.recipe_path))  # before the build, not after it
     place(model, device, options.precision)
-    runtime = embedding_runtime(plan, model, options)
-    onnx_pass = input_forward(model, plan.bank) if runtime != TORCH else None
+    runtime, onnx_pass = embedding_runtime(plan, model, options, run)
     return Target(model, model_key(model, runtime), inputs, device, runtime, onnx_pass)
 
 
-def embedding_runtime(plan: Plan, model: Family, options: Options) -> str:
+def embedding_runtime(
+    plan: Plan, model: Family, options: Options, run: Run
+) -> tuple[str, OnnxInputPass | None]:
     """onnxruntime on the base export the build writes anyway, where it can run
-    (compiler/export/onnx_embed.py)."""
+    (compiler/export/onnx_embed.py), and, under `auto`, where it measured no slower than torch
+    on this machine (compiler/export/runtime_speed.py); its pass, opened when first used."""
     export_due = options.export and "onnx" in plan.recipe.export.formats
-    return choose_runtime(model, plan.bank, options.embed_runtime, export_due)
+    runtime = choose_runtime(model, plan.bank, options.embed_runtime, export_due)
+    if runtime == TORCH:
+        return TORCH, None
+    onnx_pass = input_forward(model, plan.bank)
+    if options.embed_runtime == "auto":
+        weights_key = model_info(model).weights_key
+        runtime = recorded_runtime(plan.bank, weights_key) or ""
+        if not runtime:
+            with run.stage("export_base"):
+                forward = onnx_pass()
+            with run.stage("measure_runtime"):
+                sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
+                runtime = measure_runtimes(model, plan.bank, weights_key, forward, sample)
+        if runtime == TORCH:
+            onnx_pass.close()
+            return TORCH, None
+    return runtime, onnx_pass
 
 
 def make_edit(plan: Plan, target: Target, options: Options, run: Run) -> EditedModel:

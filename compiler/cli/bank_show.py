@@ -20,12 +20,13 @@ from ptc.compiler.cli.tables import table
 from ptc.compiler.recipe.lock import named_base_exports
 from ptc.errors import BankError
 
-PARTS = ("tasks", "descriptors", "embeddings", "factors", "operators", "exports")
+PARTS = ("tasks", "descriptors", "embeddings", "factors", "operators", "exports", "runtimes")
 CACHES = {
     "embeddings": "embeddings",
     "factors": "factors",
     "operator": "operators",
 }  # record kind -> section
+RUNTIME_FIELDS = ("model_ref", "machine", "images_per_second", "chosen")
 
 
 def _size(paths: Iterable[Path]) -> int:
@@ -88,6 +89,14 @@ def describe(bank: Bank) -> dict[str, Any]:
         }
         for folder in export_folders(bank)
     ]
+    runtimes = []
+    for path in sorted(bank.root.glob("runtimes/*.json")):
+        try:
+            measured = bank.runtime_speed(path.stem) or {}
+        except BankError as exc:
+            unreadable[str(path.relative_to(bank.root))] = exc.message
+            continue
+        runtimes.append({k: measured.get(k) for k in RUNTIME_FIELDS})
     return {
         "bank": str(bank.root),
         "tasks": tasks,
@@ -96,6 +105,7 @@ def describe(bank: Bank) -> dict[str, Any]:
             for section, rows in caches.items()
         },
         "exports": exports,
+        "runtimes": runtimes,
         "unreadable": unreadable,
         "bytes": _size(bank.root.rglob("*")),
         "parts": {part: _size((bank.root / part).rglob("*")) for part in PARTS},
@@ -220,6 +230,26 @@ def lines(shown: dict[str, Any]) -> list[str]:
             ]
         )
         if shown["exports"]
+        else ["  (none)"]
+    )
+    out += ["", "embedding runtimes measured (--embed-runtime auto):"]
+    out += (
+        table(
+            [("MODEL", "MACHINE", "TORCH IMG/S", "ONNXRUNTIME IMG/S", "CHOSEN")]
+            + [
+                (
+                    str(r["model_ref"]),
+                    str(r["machine"]),
+                    *(
+                        f"{(r['images_per_second'] or {}).get(n, 0):.3g}"
+                        for n in ("torch", "onnxruntime")
+                    ),
+                    str(r["chosen"]),
+                )
+                for r in shown["runtimes"]
+            ]
+        )
+        if shown["runtimes"]
         else ["  (none)"]
     )
     return out + [

@@ -69,9 +69,10 @@ RUN_OPTIONS = {
         "--embed-runtime",
         "choice",
         "What runs the target's embedding passes on a CPU: auto (onnxruntime on its base ONNX "
-        "export, about twice torch's speed, where the build writes ONNX or the export is cached, "
-        "the edit acts on the embeddings and the passes are fp32; else torch), torch, or "
-        "onnxruntime. Cached apart.",
+        "export where the build writes ONNX or the export is cached, the edit acts on the "
+        "embeddings, the passes are fp32 and it measured no slower than torch on this machine, "
+        "timed once per model and kept in the bank; else torch), torch, or onnxruntime. Cached "
+        "apart.",
         ("auto", "torch", "onnxruntime"),
     ),
 }

@@ -16,13 +16,11 @@ import numpy as np
 import torch
 
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.embed import TORCH, InputForward, model_info
+from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward, model_info
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import precision_of
 from ptc.errors import InputError
 from ptc.targets.base import Batch, Family
-
-ONNXRUNTIME = "onnxruntime"
 
 
 def unavailable(model: Family) -> str | None:
@@ -37,10 +35,12 @@ def unavailable(model: Family) -> str | None:
 
 
 def choose_runtime(model: Family, bank: Bank, asked: str, export_due: bool) -> str:
-    """The runtime of the model's embedding passes. `auto`: onnxruntime where it can run and the
-    base export is about to be written anyway (`export_due`: the build writes ONNX) or is cached;
-    else torch, so that a one-off pass never pays for an export it does not need. A build that
-    writes ONNX, and so a lock, thus gets the same runtime whatever its bank already holds."""
+    """The runtime of the model's embedding passes, before any timing. `auto`: onnxruntime
+    where it can run and the base export is about to be written anyway (`export_due`: the build
+    writes ONNX) or is cached; else torch, so that a one-off pass never pays for an export it
+    does not need. A build that writes ONNX, and so a lock, thus gets the same runtime whatever
+    its bank already holds, save where onnxruntime then measures slower than torch on this
+    machine (compiler/export/runtime_speed.py, recorded once per model and machine)."""
     if asked == TORCH:
         return TORCH
     reason = unavailable(model)

@@ -1,0 +1,120 @@
+"""Which fp32 runtime embeds a model faster on this machine, measured once and kept in the bank.
+
+onnxruntime runs most towers faster than torch eager on a CPU, but not all: on one 2-core AMD
+EPYC it ran ViT-B/16, ViT-L/14 and EVA02-L/14 at 1.11-1.17x torch's images/s and ViT-H/14 at
+0.89x (benchmarks/README.md). So `--embed-runtime auto` times both on a few of the build's own
+probe files, through the same base export the embed stage would run, and keeps the figures in
+the bank under the model's weights and this machine. Later builds read them: the runtime names
+the cached embeddings' key, and a choice that changed from run to run would miss the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ptc.compiler.bank.store import Bank
+from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward
+from ptc.progress import note
+from ptc.targets.base import Batch, Family
+
+# onnxruntime stays the choice unless it measured slower than this share of torch's rate. The
+# towers measured so far were 1.11x or more, or 0.89x or less: a margin keeps a near tie, whose
+# winner a noisy timing could flip, on the runtime `auto` picked before it measured.
+KEEP_ONNXRUNTIME_ABOVE = 0.95
+SAMPLE_INPUTS = 4  # timed per round, after one input's warm-up run
+MIN_SECONDS = 1.0  # rounds repeat (up to MAX_ROUNDS) until each runtime has run this long
+MAX_ROUNDS = 3
+
+
+def machine_label() -> str:
+    """What decides the two runtimes' relative speed: the CPU, the cores this process may use,
+    torch's threads and both libraries' versions."""
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{cpu}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"onnxruntime {onnxruntime.__version__}"
+    )
+
+
+def speed_key(weights_key: str, machine: str) -> str:
+    return f"{weights_key}-{hashlib.sha256(machine.encode()).hexdigest()[:12]}"
+
+
+def recorded_runtime(bank: Bank, weights_key: str) -> str | None:
+    """The runtime the bank's record for this model on this machine chose; None before one."""
+    record = bank.runtime_speed(speed_key(weights_key, machine_label()))
+    return None if record is None else str(record["chosen"])
+
+
+def measure_runtimes(
+    model: Family, bank: Bank, weights_key: str, onnx_forward: InputForward, sample: list[Path]
+) -> str:
+    """torch or onnxruntime, whichever embeds `sample` (probe files) faster here, recorded in
+    the bank for this model and machine."""
+    machine = machine_label()
+    record = {"model_ref": model.ref, "machine": machine, **measure(model, onnx_forward, sample)}
+    try:
+        bank.put_runtime_speed(speed_key(weights_key, machine), record)
+        kept = "kept in the bank"
+    except PermissionError:  # a bank shared read-only: each build measures again
+        kept = "not kept: the bank is read-only"
+    rates = record["images_per_second"]
+    note(
+        f"embedding runtime: {record['chosen']} (images/s on this machine: torch "
+        f"{rates[TORCH]:.3g}, onnxruntime {rates[ONNXRUNTIME]:.3g}; {kept})"
+    )
+    return str(record["chosen"])
+
+
+def measure(model: Family, onnx_forward: InputForward, sample: list[Path]) -> dict[str, Any]:
+    """Images per second of torch eager and of onnxruntime on the same inputs, each the best of
+    its rounds, and the runtime they choose."""
+    batch = model.load_inputs(sample[:SAMPLE_INPUTS])
+    warm_up = model.load_inputs(sample[:1])
+    runtimes: dict[str, InputForward] = {
+        TORCH: model.embed_for_edit,
+        ONNXRUNTIME: onnx_forward,
+    }
+    best: dict[str, float] = {}
+    with torch.inference_mode():
+        for forward in runtimes.values():
+            forward(warm_up)  # first-call allocations, kernel choice, the session's own set-up
+        spent = dict.fromkeys(runtimes, 0.0)
+        for _ in range(MAX_ROUNDS):
+            for name, forward in runtimes.items():  # in turn, so drift hits both alike
+                seconds = _timed(forward, batch)
+                spent[name] += seconds
+                best[name] = min(best.get(name, seconds), seconds)
+            if min(spent.values()) >= MIN_SECONDS:
+                break
+    count = len(sample[:SAMPLE_INPUTS])
+    rates = {name: count / seconds for name, seconds in best.items()}
+    keep = rates[ONNXRUNTIME] >= KEEP_ONNXRUNTIME_ABOVE * rates[TORCH]
+    return {
+        "images_per_second": rates,
+        "inputs": count,
+        "chosen": ONNXRUNTIME if keep else TORCH,
+    }
+
+
+def _timed(forward: InputForward, batch: Batch) -> float:
+    start = time.perf_counter()
+    forward(batch)
+    return time.perf_counter() - start
