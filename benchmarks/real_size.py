@@ -326,6 +326,9 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
         floor = floors[fastest]["seconds"]
         # its own (VmHWM), not wait4's
         cold["peak_rss_bytes"] = int(cold_record["peak_rss_mb"] * 2**20)
+        # what `--embed-runtime auto` measured on its first build here (none where it had no
+        # choice: an edit inside the tower embeds on torch)
+        measured = [json.loads(p.read_text()) for p in sorted(bank.glob("runtimes/*.json"))]
         _recipe(recipe, target.ref, bank, 0.5)
         echo("warm rebuild")
         warm = ptc("build", str(recipe), "--force")
@@ -366,7 +369,11 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "measure_runtime_seconds": cold_record["timings"].get("measure_runtime", 0.0),
             "plain_export_seconds": export["fresh_export_seconds"],
             "runtime": report["embeddings"]["bench"]["runtime"],
+            "runtime_measured": [
+                {k: m[k] for k in ("images_per_second", "inputs", "chosen")} for m in measured
+            ],
             "peak_rss_bytes": cold["peak_rss_bytes"],
+            "peak_rss_mb_by_stage": cold_record.get("peak_rss_mb_by_stage"),
             "stages": cold_record["timings"],
             "cache": cold_record["cache"],
         },
@@ -378,6 +385,7 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "non_embed_over_embed": (recold["seconds"] - recold_record["timings"]["embed"])
             / recold_record["timings"]["embed"],
             "peak_rss_bytes": int(recold_record["peak_rss_mb"] * 2**20),
+            "peak_rss_mb_by_stage": recold_record.get("peak_rss_mb_by_stage"),
             "stages": recold_record["timings"],
             "cache": recold_record["cache"],
         },
@@ -388,6 +396,7 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "ratio_to_own_floor": warm["seconds"] / own["seconds"],
             "output_bytes": own["output_bytes"],
             "peak_rss_bytes": warm["peak_rss_bytes"],
+            "peak_rss_mb_by_stage": run_record.get("peak_rss_mb_by_stage"),
             "stages": run_record["timings"],
             "cache": run_record["cache"],
         },
@@ -407,6 +416,17 @@ def _peak(cold: dict, warm: dict, recold_record: dict) -> int:
     return max(
         cold["peak_rss_bytes"], warm["peak_rss_bytes"], int(recold_record["peak_rss_mb"] * 2**20)
     )
+
+
+def _peak_stages(results: dict) -> str:
+    """Per build, the stage that held its peak and that peak (run.json's per-stage record)."""
+    parts = []
+    for build in ("cold_build", "cold_build_cached_export", "warm_rebuild"):
+        stages = results[build].get("peak_rss_mb_by_stage") or {}
+        if stages:
+            stage = max(stages, key=stages.get)
+            parts.append(f"{build.replace('_', ' ')}: {stage} {stages[stage] / 1024:.2f} GB")
+    return "; ".join(parts) or "not measured here"
 
 
 def _non_embed(seconds: float, timings: dict[str, float]) -> float:
@@ -491,6 +511,7 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
             f"({results['model_bytes'] / 1e6:.0f} MB model; total {results['peak_rss_total_over_model_bytes']:.2f}x)",
             f"<= {goals['peak_rss_over_model_bytes']}x",
         ),
+        ("stage of each build's peak RSS", _peak_stages(results), ""),
         (
             "patched ONNX vs fresh export",
             f"{export['max_abs_diff_vs_fresh_export']:.1e} max abs",

@@ -56,6 +56,9 @@ def test_build_writes_the_output_contract(built):
     assert {"load", "embed", "solve", "fold", "export_onnx"} <= set(
         run["timings"]
     ) and "timings" not in report
+    by_stage = run["peak_rss_mb_by_stage"]  # every stage's own peak, none above the build's
+    assert set(run["timings"]) <= set(by_stage)
+    assert 0 < min(by_stage.values()) and max(by_stage.values()) <= run["peak_rss_mb"]
     assert [t["task"] for t in report["terms"]] == ["colour", "shape"]
     assert (out / "recipe.yaml").read_bytes() == (out.parent / "recipe.yaml").read_bytes()
     assert "linearity fp64" in result.stdout
@@ -262,3 +265,24 @@ def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, bu
     assert both.returncode == 2 and both.stderr.startswith(
         "ptc: error: -q and -v: give one or the other"
     )
+
+
+def test_each_stage_records_its_own_peak_memory():
+    """The stage that allocates holds the peak; the stages after it do not inherit it."""
+    from ptc.compiler.edit.routes import Run
+    from ptc.memory import peak_rss_mb
+
+    run = Run()
+    with run.stage("before"):
+        pass
+    with run.stage("allocate"):
+        block = bytearray(256 << 20)  # zero-filled: every page touched
+        del block
+    with run.stage("after"):
+        with run.stage("inner"):
+            pass
+    run.close_stretch()
+    assert run.peaks["allocate"] - run.peaks["before"] > 240
+    assert run.peaks["after"] < run.peaks["allocate"] - 240
+    assert run.peaks["inner"] <= run.peaks["after"]
+    assert peak_rss_mb() >= run.peaks["allocate"]  # the whole life's peak is kept

@@ -16,6 +16,9 @@ from ptc.compiler.recipe.lock import sha256_of
 from ptc.compiler.recipe.plan import Plan, TermRecord
 from ptc.compiler.verify.certify import Certificate
 from ptc.compiler.verify.evaluate import HeldOut
+from ptc.memory import peak_rss_mb
+
+__all__ = ["peak_rss_mb"]  # benchmarks read a build's peak from here
 
 
 @dataclass
@@ -254,30 +257,18 @@ def term_records(plan: Plan, edit: Edit, residuals: dict[str, float]) -> list[Te
     ]
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory. Linux's VmHWM is its own address space's: getrusage's
-    maxrss also keeps the parent's size at fork across exec, so a build started by a large
-    process (a benchmark, a test runner) would report that instead."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def run_record(run: Run, plan: Plan) -> dict[str, Any]:
     """How this run went (run.json): what differs from one build of the same inputs to the next,
     and where it found its target's relative reference (for `ptc certify`): the recipe's folder,
     absolute and relative to the output (a tree moved whole still resolves)."""
+    run.close_stretch()
     record: dict[str, Any] = {
         "cache": dict(run.counts),
         "timings": dict(run.timings),
         "peak_rss_mb": peak_rss_mb(),
     }
+    if run.peaks:  # which stage made the peak (ptc/memory.py; Linux)
+        record["peak_rss_mb_by_stage"] = dict(run.peaks)
     if plan.out_dir is not None:
         record["target_base_dir"] = {
             "absolute": str(Path(plan.base_dir).resolve()),

@@ -37,27 +37,45 @@ from ptc.compiler.verify.checks import (
 )
 from ptc.finite import require_finite
 from ptc.hashing import tensors_sha256
+from ptc.memory import restart_stretch, stretch_peak_mb
 from ptc.targets.base import Batch, DualEncoder, Family
+
+OUTSIDE_STAGES = "outside_stages"
 
 
 @dataclass
 class Run:
-    """Mutable bookkeeping of one execution: stage timings and cache counters."""
+    """Mutable bookkeeping of one execution: stage timings, each stage's peak resident memory
+    (where the system measures it: ptc/memory.py) and cache counters."""
 
     timings: dict[str, float] = field(default_factory=dict)
+    peaks: dict[str, float] = field(default_factory=dict)  # MB
     counts: Counter = field(
         default_factory=lambda: Counter(
             embeddings_computed=0, factors_computed=0, operators_solved=0
         )
     )
+    _open: list[str] = field(default_factory=list)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
+        self.close_stretch()
+        self._open.append(name)
         try:
             yield
         finally:
+            self.close_stretch()
+            self._open.pop()
             self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+
+    def close_stretch(self) -> None:
+        """The peak since the last stage boundary belongs to every stage open through it, or to
+        `outside_stages` (start-up, the work between stages)."""
+        peak = stretch_peak_mb()
+        if peak is not None and restart_stretch():
+            for name in self._open or [OUTSIDE_STAGES]:
+                self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""This process's resident memory at its peak: over its whole life, and over a stretch of work
+(a build's stage), so that a build can say which stage made its peak.
+
+Linux keeps one high-water mark per process (VmHWM) and lets the process reset it to the
+current size (`echo 5 > /proc/self/clear_refs`). A stretch is measured by resetting it at the
+stretch's start; the peak before each reset is kept here, so `peak_rss_mb` stays the whole
+life's. Elsewhere only the life's peak is known (getrusage), and stretches are not measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+_peak_before_resets_kb = 0
+
+
+def _high_water_kb() -> int | None:
+    """VmHWM: the peak since the process began or since the last reset, in kB."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux's VmHWM is its own address space's: getrusage's
+    maxrss also keeps the parent's size at fork across exec, so a build started by a large
+    process (a benchmark, a test runner) would report that instead."""
+    high = _high_water_kb()
+    if high is not None:
+        return max(high, _peak_before_resets_kb) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def stretch_peak_mb() -> float | None:
+    """The peak since the last `restart_stretch` (or the process's start); None off Linux."""
+    high = _high_water_kb()
+    return None if high is None else high / 1024
+
+
+def restart_stretch() -> bool:
+    """Start a new stretch: the high-water mark is reset to the current size, its value before
+    kept for `peak_rss_mb`. False where the system does not allow it."""
+    global _peak_before_resets_kb
+    high = _high_water_kb()
+    if high is None:
+        return False
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    _peak_before_resets_kb = max(_peak_before_resets_kb, high)
+    return True
