@@ -114,6 +114,8 @@ def embedding_runtime(
         runtime = recorded_runtime(plan.bank, weights_key) or ""
         if not runtime:
             with run.stage("export_base"):
+                onnx_pass.export()
+            with run.stage("open_session"):  # graph optimisation, weights prepacked
                 forward = onnx_pass()
             with run.stage("measure_runtime"):
                 sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
@@ -167,11 +169,14 @@ def embed_target_grid(
 ) -> GridEmbeddings:
     """One grid through the target on its runtime. Where that is onnxruntime and the grid is not
     cached, the base export it runs is made (exported once into the bank) in a stage of its own,
-    `export_base`, apart from the embed stage."""
+    `export_base`, and its session opened in another, `open_session`, apart from the embed
+    stage."""
     runtime = None
     if target.input_pass is not None:
         if not (plan.bank.root / plan.bank.embeddings_rel(target.key, task.grid_hash)).is_file():
             with run.stage("export_base"):
+                target.input_pass.export()
+            with run.stage("open_session"):
                 target.input_pass()
         runtime = (target.runtime, target.input_pass)
     with run.stage("embed"):

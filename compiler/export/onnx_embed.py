@@ -71,11 +71,14 @@ class OnnxInputPass:
         self.model, self.bank = model, bank
         self._forward: InputForward | None = None
 
+    def export(self) -> Path:
+        """The base export's graph in the bank, exported on first use."""
+        tower = self.model.onnx_towers()[0]
+        return cached_base(self.bank, export_key(model_info(self.model).weights_key, tower), tower)
+
     def __call__(self) -> InputForward:
         if self._forward is None:
-            tower = self.model.onnx_towers()[0]
-            key = export_key(model_info(self.model).weights_key, tower)
-            self._forward = session_forward(cached_base(self.bank, key, tower))
+            self._forward = session_forward(self.export())
         return self._forward
 
     def close(self) -> None:
