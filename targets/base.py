@@ -9,7 +9,6 @@ is typed against only what it uses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -131,10 +130,6 @@ class Exportable(Protocol):
         """The towers to export: the input tower first, its inputs named as a batch's keys
         (e.g. pixel_values -> image_embeds)."""
 
-    def input_tower_tensors(self) -> list[torch.Tensor]:
-        """The input tower's own parameters and buffers as the model holds them (none that
-        another part also uses): what its export's onnxruntime pass stands in for."""
-
     def save_native(self, folder: Path) -> str:
         """Save in the family's own library format; return the scheme that reloads it
         (`f"{scheme}:{folder}"`)."""
@@ -176,21 +171,6 @@ class Trainable(Protocol):
 
 class Family(DualEncoder, Exportable, Trainable, Protocol):
     """What a family module's class implements: all three (test_families holds each to it)."""
-
-
-def own_tensors(module: torch.nn.Module, belongs: Callable[[str], bool]) -> list[torch.Tensor]:
-    """The parameters and buffers of `module` whose every name `belongs`: a tensor tied to one
-    named elsewhere too (a shared embedding) is left out."""
-    named = [
-        *module.named_parameters(remove_duplicate=False),
-        *module.named_buffers(remove_duplicate=False),
-    ]
-    elsewhere = {id(t) for name, t in named if not belongs(name)}
-    kept: dict[int, torch.Tensor] = {}
-    for name, tensor in named:
-        if belongs(name) and id(tensor) not in elsewhere:
-            kept.setdefault(id(tensor), tensor)
-    return list(kept.values())
 
 
 def fingerprint_tensors(named: dict[str, torch.Tensor], extra: str = "") -> str:

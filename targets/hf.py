@@ -19,15 +19,7 @@ from typing_extensions import Self
 from ptc.errors import ModelError, ModelNotFound, OutputError, library_errors
 from ptc.files import write_bytes_atomic
 from ptc.targets import HF_MODEL_TYPES, register_scheme
-from ptc.targets.base import (
-    Batch,
-    Family,
-    OnDevice,
-    OnnxTower,
-    fingerprint_tensors,
-    merge_adapter,
-    own_tensors,
-)
+from ptc.targets.base import Batch, Family, OnDevice, OnnxTower, fingerprint_tensors, merge_adapter
 from ptc.targets.checkpoint import (
     declared_shapes,
     describe_mismatch,
@@ -286,9 +278,6 @@ class HFDualEncoder(OnDevice):
         )
 
     # -- identity -----------------------------------------------------------------------------
-    def input_tower_tensors(self) -> list[torch.Tensor]:
-        return own_tensors(self.model, lambda name: name.startswith(self.input_prefixes))
-
     def _params(self, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if k.startswith(prefixes)}
 

@@ -29,7 +29,6 @@ from ptc.targets.base import (
     fold_into_linear,
     fold_into_linear_layer,
     merge_adapter,
-    own_tensors,
 )
 from ptc.targets.checkpoint import (
     build_assigned,
@@ -205,9 +204,6 @@ class OpenClip(OnDevice):
         return self.model.encode_text(self.tokenizer(prompts).to(self.device)).float().cpu()
 
     # -- identity -----------------------------------------------------------------------------
-    def input_tower_tensors(self) -> list[torch.Tensor]:
-        return own_tensors(self.model, lambda name: name.startswith("visual."))
-
     def _state(self, visual: bool) -> dict[str, torch.Tensor]:
         return {
             k: v

@@ -15,7 +15,7 @@ from conftest import FAMILIES, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_info, model_key
-from ptc.compiler.export.onnx_embed import choose_runtime, stash_input_tower
+from ptc.compiler.export.onnx_embed import choose_runtime
 from ptc.compiler.export.runtime_speed import machine_label, speed_key
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import CPU, place
@@ -178,34 +178,3 @@ def test_a_damaged_runtime_record_is_refused_in_one_line(world, bank_copy, tmp_p
         f"bank runtime record {path} failed its integrity check"
         in verified.stdout + verified.stderr
     )
-
-
-def test_torch_input_tower_waits_on_disk_while_onnxruntime_embeds(world, tmp_path):
-    """While the session holds the input tower, torch's copy holds no memory; prompts still run
-    on torch's text tower; afterwards every tensor is back, the same object, bit for bit."""
-    model = targets.load(f"hf:{world.target}")
-    tower = model.input_tower_tensors()
-    names = {id(t): n for n, t in [*model.model.named_parameters(), *model.model.named_buffers()]}
-    assert tower and all(
-        names[id(t)].startswith(("vision_model.", "visual_projection.")) for t in tower
-    )
-    everything = [*model.model.named_parameters(), *model.model.named_buffers()]  # buffers too
-    assert sum(t.numel() for t in tower) == sum(
-        t.numel() for n, t in everything if n.startswith(("vision_model.", "visual_projection."))
-    )
-    before = [(t, t.detach().clone()) for t in tower]
-    prompts = ["a red square", "a blue circle"]
-    with torch.inference_mode():
-        expected_prompts = model.embed_prompts(prompts)
-
-    stash = stash_input_tower(model, tmp_path / "scratch")
-    assert stash is not None
-    assert all(t.numel() == 0 for t in tower)
-    assert list((tmp_path / "scratch").iterdir()) == []  # an unnamed file: nothing to clean up
-    with torch.inference_mode():
-        assert torch.equal(model.embed_prompts(prompts), expected_prompts)
-
-    stash.restore()
-    for tensor, value in before:
-        assert tensor.dtype == value.dtype and torch.equal(tensor, value)
-    assert [id(t) for t in model.input_tower_tensors()] == [id(t) for t in tower]

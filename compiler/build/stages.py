@@ -25,12 +25,7 @@ from ptc.compiler.embed import (
     model_info,
     model_key,
 )
-from ptc.compiler.export.onnx_embed import (
-    OnnxInputPass,
-    choose_runtime,
-    input_forward,
-    session_forward,
-)
+from ptc.compiler.export.onnx_embed import OnnxInputPass, choose_runtime, input_forward
 from ptc.compiler.export.runtime_speed import SAMPLE_INPUTS, measure_runtimes, recorded_runtime
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
@@ -121,11 +116,10 @@ def embedding_runtime(
             with run.stage("export_base"):
                 onnx_pass.export()
             with run.stage("open_session"):  # graph optimisation, weights prepacked
-                forward = session_forward(onnx_pass.export())  # torch's tower stays: timed too
+                forward = onnx_pass()
             with run.stage("measure_runtime"):
                 sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
                 runtime = measure_runtimes(model, plan.bank, weights_key, forward, sample)
-            del forward  # the embed stage opens its own session, torch's tower stashed
         if runtime == TORCH:
             onnx_pass.close()
             return TORCH, None

@@ -10,7 +10,6 @@ needs its own forward pass. Prompts are few and stay on torch.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -65,18 +64,12 @@ def _export_cached(model: Family, bank: Bank) -> bool:
 
 class OnnxInputPass:
     """The onnxruntime pass of a model's input tower: its base export written into the bank
-    (once) and opened in one session when first called, for as long as embedding goes on.
-
-    The session holds the tower's weights (prepacked), so while it is open torch's copy of
-    them waits in a scratch file (TowerStash): the torch model and the session beside it were
-    the peak of a cold build at every size (ViT-B/16: 2.10 GB against 1.42 GB loaded). Prompts
-    still run on torch's text tower meanwhile. `close` lets the session go and puts the tower's
-    weights back, before the route reads them."""
+    (once) and opened in one session when first called, for as long as embedding goes on;
+    `close` lets the session (a second copy of the tower's weights) go before the export."""
 
     def __init__(self, model: Family, bank: Bank) -> None:
         self.model, self.bank = model, bank
         self._forward: InputForward | None = None
-        self._stash: TowerStash | None = None
 
     def export(self) -> Path:
         """The base export's graph in the bank, exported on first use."""
@@ -86,56 +79,10 @@ class OnnxInputPass:
     def __call__(self) -> InputForward:
         if self._forward is None:
             self._forward = session_forward(self.export())
-            self._stash = stash_input_tower(self.model, self.bank.scratch)
         return self._forward
 
     def close(self) -> None:
         self._forward = None
-        if self._stash is not None:
-            self._stash.restore()
-            self._stash = None
-
-
-class TowerStash:
-    """Tensors' bytes held in an unnamed scratch file (unlinked as it is made, so nothing is
-    left behind whatever ends the process) while each tensor holds no storage; `restore` reads
-    them back into the same tensor objects, bit for bit."""
-
-    def __init__(self, tensors: list[torch.Tensor], folder: Path) -> None:
-        self._file = tempfile.TemporaryFile(dir=folder)
-        self._entries: list[tuple[torch.Tensor, int, torch.Size, torch.dtype]] = []
-        try:
-            for tensor in tensors:
-                data = tensor.detach().contiguous()
-                self._entries.append((tensor, self._file.tell(), data.shape, data.dtype))
-                self._file.write(data.reshape(-1).view(torch.uint8).numpy().data)
-            self._file.flush()
-        except BaseException:
-            self._file.close()  # nothing was let go yet: the model is whole
-            raise
-        for tensor, _, _, dtype in self._entries:  # only once every byte is written
-            tensor.data = torch.empty(0, dtype=dtype)
-
-    def restore(self) -> None:
-        for tensor, offset, shape, dtype in self._entries:
-            restored = torch.empty(shape, dtype=dtype)
-            self._file.seek(offset)
-            self._file.readinto(restored.reshape(-1).view(torch.uint8).numpy().data)
-            tensor.data = restored
-        self._entries = []
-        self._file.close()
-
-
-def stash_input_tower(model: Family, scratch: Path) -> TowerStash | None:
-    """The input tower's own parameters and buffers stashed (TowerStash); None where the
-    scratch file cannot be written (a read-only bank, a full disk): the torch copy then stays
-    in memory."""
-    tensors = [t for t in model.input_tower_tensors() if t.numel() > 0]
-    try:
-        scratch.mkdir(parents=True, exist_ok=True)
-        return TowerStash(tensors, scratch)
-    except OSError:
-        return None
 
 
 def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
