@@ -9,6 +9,7 @@ life's. Elsewhere only the life's peak is known (getrusage), and stretches are n
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 _STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
@@ -57,3 +58,15 @@ def restart_stretch() -> bool:
         return False
     _peak_before_resets_kb = max(_peak_before_resets_kb, high)
     return True
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap's free pages to the system (glibc's malloc_trim). An onnxruntime session
+    frees its prepacked weights into the heap, where glibc keeps them: on ViT-B/16 one closed
+    session left up to 470 MB resident, which malloc_trim gave back (a hand run, 1,893 -> 1,423
+    MB), so every later stage started that much higher. A no-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)

@@ -3,6 +3,7 @@ independent computations: transformers and onnxruntime directly, not ptc's own v
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -286,3 +287,28 @@ def test_each_stage_records_its_own_peak_memory():
     assert run.peaks["after"] < run.peaks["allocate"] - 240
     assert run.peaks["inner"] <= run.peaks["after"]
     assert peak_rss_mb() >= run.peaks["allocate"]  # the whole life's peak is kept
+
+
+def test_freed_heap_memory_goes_back_to_the_system():
+    """What an onnxruntime session leaves behind: many mid-size blocks freed into glibc's heap
+    under a block still in use, so the heap cannot shrink, stay resident until trimmed."""
+    import ctypes
+
+    from ptc.memory import give_back_freed_memory
+
+    def resident_mb() -> float:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    blocks = [libc.malloc(64 << 10) for _ in range(3200)]  # 200 MB below the mmap threshold
+    for block in blocks:
+        ctypes.memset(block, 1, 64 << 10)
+    pinned = libc.malloc(64 << 10)  # in use above them all
+    for block in blocks:
+        libc.free(ctypes.c_void_p(block))
+    held = resident_mb()
+    give_back_freed_memory()
+    assert held - resident_mb() > 150
+    libc.free(ctypes.c_void_p(pinned))

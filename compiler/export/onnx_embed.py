@@ -20,6 +20,7 @@ from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward, model_info
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import precision_of
 from ptc.errors import InputError
+from ptc.memory import give_back_freed_memory
 from ptc.targets.base import Batch, Family
 
 
@@ -83,6 +84,7 @@ class OnnxInputPass:
 
     def close(self) -> None:
         self._forward = None
+        give_back_freed_memory()
 
 
 def input_forward(model: Family, bank: Bank) -> OnnxInputPass:

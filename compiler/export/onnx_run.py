@@ -10,6 +10,7 @@ import torch
 
 from ptc.compiler.verify.checks import ArrayLike
 from ptc.finite import require_finite
+from ptc.memory import give_back_freed_memory
 
 
 class ProviderRun(TypedDict):
@@ -33,8 +34,11 @@ def run_onnx(path: Path, inputs: dict[str, torch.Tensor]) -> tuple[np.ndarray, P
     feeds = {i.name: inputs[i.name].cpu().numpy() for i in session.get_inputs()}
     ran = session.get_providers()[0]
     output = session.run(None, feeds)[0]
+    output_name = session.get_outputs()[0].name
+    del session
+    give_back_freed_memory()  # the session's weights, or every later stage starts above them
     require_finite(
-        {session.get_outputs()[0].name: torch.from_numpy(output)},
+        {output_name: torch.from_numpy(output)},
         f"ONNX graph {path} on the check inputs",
         "nothing was written; the exported graph computes another function than the model",
     )
