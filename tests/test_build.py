@@ -231,25 +231,26 @@ def test_the_onnx_export_prints_no_exporter_chatter(tmp_path):
         )
 
 
-def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, built, tmp_path):
+def test_a_redirected_build_reports_its_long_steps_and_q_silences_them(world, tmp_path):
     """stderr captured (a log file, CI): each embedding step says how far it got and how long it
     took, in plain lines, and stdout ends with the build's summary; `-q` leaves stderr empty.
     The flags go after the command as well as before it."""
     import re
+    import shutil
 
-    _, result = built  # the session's cold build: it embedded the target's grids
+    bank = tmp_path / "bank"  # a private copy: builds of other tests fill the session's cache
+    shutil.copytree(world.bank, bank)
+    shutil.rmtree(bank / "embeddings")  # cold: every grid is embedded
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank))
+    result = run_ptc("build", recipe)
+    assert result.returncode == 0, result.stderr
     done = [line for line in result.stderr.splitlines() if line.endswith(" done")]
     assert any(
         re.fullmatch(r"embed colour: (\d+)/\1 batches, \d+\.\d s done", line) for line in done
     ), result.stderr
     assert "\r" not in result.stderr
     assert result.stdout.splitlines()[-2].startswith("built ")  # then the lock's line
-    bank = tmp_path / "bank"
-    import shutil
-
-    shutil.copytree(world.bank, bank)
-    shutil.rmtree(bank / "embeddings")  # cold again: every grid is embedded
-    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank))
+    shutil.rmtree(bank / "embeddings")  # cold again
     quiet = run_ptc("build", recipe, "-q", "--no-export")
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert quiet.stdout.splitlines()[-1].startswith("verified (--no-export")
