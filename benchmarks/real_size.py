@@ -437,18 +437,11 @@ def _non_embed(seconds: float, timings: dict[str, float]) -> float:
     return (seconds - timings["embed"] - once) / timings["embed"]
 
 
-def _cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.machine()
-
-
 def machine() -> dict:
+    from ptc.devices import cpu_name
+
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -10,6 +10,7 @@ reference that every shipped figure is compared against, and ONNX is exported fr
 
 from __future__ import annotations
 
+import platform
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -22,6 +23,17 @@ from ptc.errors import InputError
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux gives it (what a speed figure was measured on); elsewhere
+    what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            names = [ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 class Placed(Protocol):

@@ -15,7 +15,7 @@ from conftest import FAMILIES, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import model_info, model_key
-from ptc.compiler.export.onnx_embed import choose_runtime
+from ptc.compiler.export.onnx_embed import SESSION_BATCH, choose_runtime
 from ptc.compiler.export.runtime_speed import machine_label, speed_key
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import CPU, place
@@ -101,7 +101,7 @@ def test_auto_measures_both_runtimes_once_per_model_and_machine(world, bank_copy
     record = Bank(bank_copy).runtime_speed(path.stem)
     assert record is not None
     rates = record["images_per_second"]
-    assert rates["torch"] > 0 and rates["onnxruntime"] > 0 and record["inputs"] == 4
+    assert rates["torch"] > 0 and rates["onnxruntime"] > 0 and record["inputs"] == SESSION_BATCH
     expected = "onnxruntime" if rates["onnxruntime"] >= 0.95 * rates["torch"] else "torch"
     assert record["chosen"] == expected
     assert record["machine"] == machine_label()

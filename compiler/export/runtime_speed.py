@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,19 @@ import torch
 
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward
+from ptc.compiler.export.onnx_embed import SESSION_BATCH
+from ptc.devices import cpu_name
 from ptc.progress import note
 from ptc.targets.base import Batch, Family
 
 # onnxruntime stays the choice unless it measured slower than this share of torch's rate: a
 # margin keeps a near tie, whose winner a noisy timing could flip, on the runtime `auto` picked
-# before it measured. Four inputs are a rough sample at real size: at ViT-H/14 they gave 0.97x
-# where the whole grid ran at 1.31x (`ptc bench --size vit-h14`).
+# before it measured.
 KEEP_ONNXRUNTIME_ABOVE = 0.95
-SAMPLE_INPUTS = 4  # timed per round, after one input's warm-up run
+# Timed per round, after one input's warm-up run: one whole session run, the batch onnxruntime
+# embeds in. Four inputs, half a run, gave onnxruntime 0.97x torch at ViT-H/14 where its whole
+# grid ran at 1.31x (`ptc bench --size vit-h14`).
+SAMPLE_INPUTS = SESSION_BATCH
 MIN_SECONDS = 1.0  # rounds repeat (up to MAX_ROUNDS) until each runtime has run this long
 MAX_ROUNDS = 3
 
@@ -39,17 +42,9 @@ def machine_label() -> str:
     torch's threads and both libraries' versions."""
     import onnxruntime
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (
-        f"{cpu}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{cpu_name()}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"onnxruntime {onnxruntime.__version__}"
     )
 
