@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from ptc.errors import InputError
+from ptc.memory import page_out
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
@@ -140,3 +141,16 @@ def on_device(models: Sequence[Placed], device: torch.device) -> Iterator[None]:
     finally:
         for model in models:
             model.to_device(CPU)
+
+
+def page_out_weights(module: torch.nn.Module) -> None:
+    """Let the module's weights leave resident memory where they map an unchanged checkpoint
+    (ptc/memory.py `page_out`), for a stretch in which another runtime runs the same weights:
+    they are read back from the file when torch next runs the module."""
+    page_out(
+        [
+            (t.data_ptr(), t.numel() * t.element_size())
+            for t in [*module.parameters(), *module.buffers()]
+            if t.device.type == "cpu" and t.is_contiguous()
+        ]
+    )

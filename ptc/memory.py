@@ -10,6 +10,7 @@ life's. Elsewhere only the life's peak is known (getrusage), and stretches are n
 from __future__ import annotations
 
 import ctypes
+import mmap
 from pathlib import Path
 
 _STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
@@ -70,3 +71,25 @@ def give_back_freed_memory() -> None:
     except OSError:
         return
     libc.malloc_trim(0)
+
+
+_MADV_PAGEOUT = 21  # Linux 5.4 and later
+
+
+def page_out(spans: list[tuple[int, int]]) -> None:
+    """Ask the kernel to reclaim the pages of these (address, length) spans now. Pages that map a
+    file as it is on disk (a checkpoint loaded by mmap, as transformers loads safetensors) leave
+    this process's resident memory and are read back from the file when next touched. Contents
+    never change: memory of the process's own (no file behind it, no swap) stays resident. A
+    no-op off Linux."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    for address, length in spans:
+        # madvise takes whole pages; one only partly in the span may hold data in use elsewhere
+        start, end = -(-address // page) * page, (address + length) // page * page
+        if end > start:
+            libc.madvise(start, end - start, _MADV_PAGEOUT)  # EINVAL on older kernels: nothing

@@ -290,16 +290,38 @@ def test_each_stage_records_its_own_peak_memory():
     assert peak_rss_mb() >= run.peaks["allocate"]  # the whole life's peak is kept
 
 
+def _resident_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_weights_mapping_a_checkpoint_leave_memory_and_read_back_unchanged(tmp_path):
+    """What the build does to torch's input tower while onnxruntime runs it: the pages that map
+    the checkpoint file are reclaimed, the module's own memory stays, and the next pass reads
+    the same numbers back."""
+    from ptc.devices import page_out_weights
+
+    path = tmp_path / "weights.bin"
+    values = torch.arange(32 << 20, dtype=torch.float32)  # 128 MB
+    values.numpy().tofile(path)
+    mapped = torch.from_file(str(path), shared=False, size=values.numel(), dtype=torch.float32)
+    own = torch.randn(1 << 20)
+    module = torch.nn.Module()
+    module.register_parameter("mapped", torch.nn.Parameter(mapped, requires_grad=False))
+    module.register_buffer("own", own.clone())
+    assert torch.equal(mapped, values)  # every page read in
+    held = _resident_mb()
+    page_out_weights(module)
+    assert held - _resident_mb() > 120
+    assert torch.equal(module.mapped, values) and torch.equal(module.own, own)
+
+
 def test_freed_heap_memory_goes_back_to_the_system():
     """What an onnxruntime session leaves behind: many mid-size blocks freed into glibc's heap
     under a block still in use, so the heap cannot shrink, stay resident until trimmed."""
     import ctypes
 
     from ptc.memory import give_back_freed_memory
-
-    def resident_mb() -> float:
-        status = Path("/proc/self/status").read_text()
-        return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
@@ -309,7 +331,7 @@ def test_freed_heap_memory_goes_back_to_the_system():
     pinned = libc.malloc(64 << 10)  # in use above them all
     for block in blocks:
         libc.free(ctypes.c_void_p(block))
-    held = resident_mb()
+    held = _resident_mb()
     give_back_freed_memory()
-    assert held - resident_mb() > 150
+    assert held - _resident_mb() > 150
     libc.free(ctypes.c_void_p(pinned))

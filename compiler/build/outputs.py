@@ -53,6 +53,7 @@ from ptc.compiler.serve.client import OnnxClient
 from ptc.compiler.serve.contract import TOKENIZER_FILE, read_contract
 from ptc.compiler.verify.certify import TERMS_FILE, write_terms
 from ptc.compiler.verify.checks import max_abs_difference, require, require_at_least
+from ptc.devices import page_out_weights
 from ptc.errors import OutputError, VerifyError, library_errors
 from ptc.files import file_sha256, write_bytes_atomic, write_json_atomic
 from ptc.output_dirs import staged_directory
@@ -395,6 +396,7 @@ def export_onnx_tower(
             inputs = tower.example_inputs
             with torch.inference_mode():
                 expected = tower.module(**inputs)
+        page_out_weights(tower.module)  # idle while the graph runs (ptc/devices.py)
         got, provider = run_onnx(path, inputs)
         result = TowerExport(max_abs_difference(got, expected), provider)
         result.outputs = got if index == 0 else None

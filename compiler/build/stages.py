@@ -178,6 +178,7 @@ def embed_target_grid(
                 target.input_pass.export()
             with run.stage("open_session"):
                 target.input_pass()
+            target.input_pass.page_out_torch_tower()
         runtime = (target.runtime, target.input_pass)
     with run.stage("embed"):
         grid = embed_grid(

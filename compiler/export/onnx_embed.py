@@ -18,7 +18,7 @@ import torch
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward, model_info
 from ptc.compiler.export.tower_cache import cached_base, export_key
-from ptc.devices import precision_of
+from ptc.devices import page_out_weights, precision_of
 from ptc.errors import InputError
 from ptc.memory import give_back_freed_memory
 from ptc.targets.base import Batch, Family
@@ -81,6 +81,12 @@ class OnnxInputPass:
         if self._forward is None:
             self._forward = session_forward(self.export())
         return self._forward
+
+    def page_out_torch_tower(self) -> None:
+        """While the session embeds, torch's copy of the tower is idle: where it maps the
+        checkpoint (transformers' loader) it leaves resident memory until torch runs it again.
+        On ViT-B/16 that copy is the size of the session's."""
+        page_out_weights(self.model.onnx_towers()[0].module)
 
     def close(self) -> None:
         self._forward = None
