@@ -18,6 +18,7 @@ from ptc.compiler.edit.routes import ROUTES, Check, Edit, Run, grid_goals
 from ptc.compiler.edit.strength import choose_strengths, strength_report
 from ptc.compiler.edit.terms import resolve_descriptors, with_weights
 from ptc.compiler.embed import (
+    ONNXRUNTIME,
     TORCH,
     GridEmbeddings,
     embed_grid,
@@ -26,7 +27,12 @@ from ptc.compiler.embed import (
     model_key,
 )
 from ptc.compiler.export.onnx_embed import OnnxInputPass, choose_runtime, input_forward
-from ptc.compiler.export.runtime_speed import SAMPLE_INPUTS, measure_runtimes, recorded_runtime
+from ptc.compiler.export.runtime_speed import (
+    SAMPLE_INPUTS,
+    images_per_second,
+    record_choice,
+    recorded_runtime,
+)
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
     check_locked,
@@ -113,17 +119,29 @@ def embedding_runtime(
         weights_key = model_info(model).weights_key
         runtime = recorded_runtime(plan.bank, weights_key) or ""
         if not runtime:
-            with run.stage("export_base"):
-                onnx_pass.export()
-            with run.stage("open_session"):  # graph optimisation, weights prepacked
-                forward = onnx_pass()
-            with run.stage("measure_runtime"):
-                sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
-                runtime = measure_runtimes(model, plan.bank, weights_key, forward, sample)
+            runtime = measure_runtime(plan, model, weights_key, onnx_pass, run)
         if runtime == TORCH:
             onnx_pass.close()
             return TORCH, None
     return runtime, onnx_pass
+
+
+def measure_runtime(
+    plan: Plan, model: Family, weights_key: str, onnx_pass: OnnxInputPass, run: Run
+) -> str:
+    """Time torch, then onnxruntime with torch's tower paged out, on the build's first probe
+    files (compiler/export/runtime_speed.py); the choice is recorded in the bank."""
+    sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
+    with run.stage("measure_runtime"):
+        rates = {TORCH: images_per_second(model, model.embed_for_edit, sample)}
+    with run.stage("export_base"):
+        onnx_pass.export()
+    with run.stage("open_session"):  # graph optimisation, weights prepacked
+        forward = onnx_pass()
+    onnx_pass.page_out_torch_tower()
+    with run.stage("measure_runtime"):
+        rates[ONNXRUNTIME] = images_per_second(model, forward, sample)
+    return record_choice(model, plan.bank, weights_key, rates, len(sample))
 
 
 def make_edit(plan: Plan, target: Target, options: Options, run: Run) -> EditedModel:

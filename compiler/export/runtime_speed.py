@@ -2,10 +2,15 @@
 
 onnxruntime runs most towers faster than torch eager on a CPU, but not all: on one 2-core AMD
 EPYC it ran SigLIP so400m at 0.72x torch's images/s, and ViT-H/14 at 0.89x in runs of 64 (1.31x
-in runs of 8; benchmarks/README.md). So `--embed-runtime auto` times both on a few of the build's own
-probe files, through the same base export the embed stage would run, and keeps the figures in
-the bank under the model's weights and this machine. Later builds read them: the runtime names
-the cached embeddings' key, and a choice that changed from run to run would miss the cache.
+in runs of 8; benchmarks/README.md). So `--embed-runtime auto` times both on a few of the
+build's own probe files, through the same base export the embed stage would run, and keeps the
+figures in the bank under the model's weights and this machine. Later builds read them: the
+runtime names the cached embeddings' key, and a choice that changed from run to run would miss
+the cache.
+
+torch is timed before the session opens, and its tower is paged out while onnxruntime is
+timed, so the tower's two copies (torch's, the session's) are never resident together: taking
+turns, they held ViT-B/16's measuring stage at 2.0x the model above the libraries.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -59,55 +63,46 @@ def recorded_runtime(bank: Bank, weights_key: str) -> str | None:
     return None if record is None else str(record["chosen"])
 
 
-def measure_runtimes(
-    model: Family, bank: Bank, weights_key: str, onnx_forward: InputForward, sample: list[Path]
+def images_per_second(model: Family, forward: InputForward, sample: list[Path]) -> float:
+    """How fast `forward` embeds the sample's first SAMPLE_INPUTS probe files: the best of its
+    rounds, after a warm-up run on one input (first-call allocations, kernel choice, a
+    session's own set-up)."""
+    batch = model.load_inputs(sample[:SAMPLE_INPUTS])
+    best, spent = float("inf"), 0.0
+    with torch.inference_mode():
+        forward(model.load_inputs(sample[:1]))
+        for _ in range(MAX_ROUNDS):
+            seconds = _timed(forward, batch)
+            best, spent = min(best, seconds), spent + seconds
+            if spent >= MIN_SECONDS:
+                break
+    return len(sample[:SAMPLE_INPUTS]) / best
+
+
+def record_choice(
+    model: Family, bank: Bank, weights_key: str, rates: dict[str, float], inputs: int
 ) -> str:
-    """torch or onnxruntime, whichever embeds `sample` (probe files) faster here, recorded in
-    the bank for this model and machine."""
+    """The runtime the two rates choose, recorded in the bank for this model and machine."""
+    keep = rates[ONNXRUNTIME] >= KEEP_ONNXRUNTIME_ABOVE * rates[TORCH]
+    chosen = ONNXRUNTIME if keep else TORCH
     machine = machine_label()
-    record = {"model_ref": model.ref, "machine": machine, **measure(model, onnx_forward, sample)}
+    record = {
+        "model_ref": model.ref,
+        "machine": machine,
+        "images_per_second": rates,
+        "inputs": inputs,
+        "chosen": chosen,
+    }
     try:
         bank.put_runtime_speed(speed_key(weights_key, machine), record)
         kept = "kept in the bank"
     except PermissionError:  # a bank shared read-only: each build measures again
         kept = "not kept: the bank is read-only"
-    rates = record["images_per_second"]
     note(
-        f"embedding runtime: {record['chosen']} (images/s on this machine: torch "
+        f"embedding runtime: {chosen} (images/s on this machine: torch "
         f"{rates[TORCH]:.3g}, onnxruntime {rates[ONNXRUNTIME]:.3g}; {kept})"
     )
-    return str(record["chosen"])
-
-
-def measure(model: Family, onnx_forward: InputForward, sample: list[Path]) -> dict[str, Any]:
-    """Images per second of torch eager and of onnxruntime on the same inputs, each the best of
-    its rounds, and the runtime they choose."""
-    batch = model.load_inputs(sample[:SAMPLE_INPUTS])
-    warm_up = model.load_inputs(sample[:1])
-    runtimes: dict[str, InputForward] = {
-        TORCH: model.embed_for_edit,
-        ONNXRUNTIME: onnx_forward,
-    }
-    best: dict[str, float] = {}
-    with torch.inference_mode():
-        for forward in runtimes.values():
-            forward(warm_up)  # first-call allocations, kernel choice, the session's own set-up
-        spent = dict.fromkeys(runtimes, 0.0)
-        for _ in range(MAX_ROUNDS):
-            for name, forward in runtimes.items():  # in turn, so drift hits both alike
-                seconds = _timed(forward, batch)
-                spent[name] += seconds
-                best[name] = min(best.get(name, seconds), seconds)
-            if min(spent.values()) >= MIN_SECONDS:
-                break
-    count = len(sample[:SAMPLE_INPUTS])
-    rates = {name: count / seconds for name, seconds in best.items()}
-    keep = rates[ONNXRUNTIME] >= KEEP_ONNXRUNTIME_ABOVE * rates[TORCH]
-    return {
-        "images_per_second": rates,
-        "inputs": count,
-        "chosen": ONNXRUNTIME if keep else TORCH,
-    }
+    return chosen
 
 
 def _timed(forward: InputForward, batch: Batch) -> float:
