@@ -275,15 +275,16 @@ def export_onnx_towers(staging: Staging, model: Family, exported: Exported) -> N
     # the export cache is one per model, whatever the precision
     weights_key = model_info(model).weights_key
     towers: list[TowerExport] = []
-    edited_towers = edit.edited.onnx_towers()
-    for index, (base, tower) in enumerate(zip(model.onnx_towers(), edited_towers)):
+    bases, edited_towers = model.onnx_towers(), edit.edited.onnx_towers()
+    for index, (base, tower) in enumerate(zip(bases, edited_towers)):
         path = staging.folder / "onnx" / f"{tower.name}.onnx"
         hint = (
             "nothing was written; the graph or its cached base in the bank is damaged: "
             f"run `ptc bank verify --bank {plan.bank.root}`"
         )
         with library_errors(f"ONNX tower {tower.name}", hint, OutputError):
-            towers.append(export_onnx_tower(staging, index, base, tower, path, weights_key))
+            idle = [other.module for other in bases if other is not base]
+            towers.append(export_onnx_tower(staging, index, base, tower, path, weights_key, idle))
         exported.base_exports[base.name] = export_key(weights_key, base)
     diff = max(t.diff for t in towers)
     exported.onnx_max_abs_diff = require("onnx_max_abs_diff", diff, verify.equivalence_atol)
@@ -380,14 +381,21 @@ def reference_prompts(
 
 
 def export_onnx_tower(
-    staging: Staging, index: int, base: OnnxTower, tower: OnnxTower, path: Path, weights_key: str
+    staging: Staging,
+    index: int,
+    base: OnnxTower,
+    tower: OnnxTower,
+    path: Path,
+    weights_key: str,
+    idle: list[torch.nn.Module],
 ) -> TowerExport:
-    """One tower written, run and compared, with its fp16 variant and Triton models as asked."""
+    """One tower written, run and compared, with its fp16 variant and Triton models as asked;
+    `idle`, the model's other towers, paged out if its base is exported afresh."""
     plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
     provenance, export = staging.provenance, plan.recipe.export
     with run.stage("export_onnx"):
         fp32 = {**provenance, "ptc_precision": "fp32"}
-        how = write_tower(plan.bank, weights_key, base, tower, path, fp32)
+        how = write_tower(plan.bank, weights_key, base, tower, path, fp32, idle)
         run.counts[f"onnx_towers_{how}"] += 1
     with run.stage("verify_onnx"):
         if index == 0:  # the input tower, on the real check inputs the route already embedded

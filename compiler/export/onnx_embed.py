@@ -74,8 +74,9 @@ class OnnxInputPass:
 
     def export(self) -> Path:
         """The base export's graph in the bank, exported on first use."""
-        tower = self.model.onnx_towers()[0]
-        return cached_base(self.bank, export_key(model_info(self.model).weights_key, tower), tower)
+        tower, *others = self.model.onnx_towers()
+        key = export_key(model_info(self.model).weights_key, tower)
+        return cached_base(self.bank, key, tower, idle=[other.module for other in others])
 
     def __call__(self) -> InputForward:
         if self._forward is None:

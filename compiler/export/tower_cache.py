@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ptc import __version__
 from ptc.compiler.bank.exports import holding_export, mark_used
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.export.onnx_graph import ONNX_OPSET, export_onnx, onnx_files, set_metadata
+from ptc.devices import page_out_weights
 from ptc.errors import BankError
 from ptc.targets.base import OnnxTower
 
@@ -62,19 +64,26 @@ def export_key(model_key: str, tower: OnnxTower) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_base(bank: Bank, key: str, tower: OnnxTower) -> Path:
+def cached_base(
+    bank: Bank, key: str, tower: OnnxTower, idle: Sequence[torch.nn.Module] = ()
+) -> Path:
     """The base tower's graph in the bank, exported (stack traces stripped) on first use and
     sealed with its files' hashes, which every use checks. Concurrent builds export it once:
-    the second waits on the lock and finds it written."""
+    the second waits on the lock and finds it written. `idle`: the model's other towers, paged
+    out while the exporter holds this one's graph beside the model (ptc/devices.py)."""
     bank.prepare_export(key)
     with holding_export(bank, key, (tower.name,)):
-        return _cached_base_held(bank, key, tower)
+        return _cached_base_held(bank, key, tower, idle)
 
 
-def _cached_base_held(bank: Bank, key: str, tower: OnnxTower) -> Path:
+def _cached_base_held(
+    bank: Bank, key: str, tower: OnnxTower, idle: Sequence[torch.nn.Module] = ()
+) -> Path:
     """`cached_base`, with the export's lock held by the caller (a prune waits on it)."""
     path = bank.export_folder(key) / f"{tower.name}.onnx"
     if not _intact(bank, key, tower.name):
+        for module in idle:
+            page_out_weights(module)
         bank.scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(
             dir=bank.scratch, prefix=f".export-{key}.{os.getpid()}."
@@ -193,9 +202,11 @@ def write_tower(
     edited: OnnxTower,
     path: Path,
     provenance: dict[str, Any],
+    idle: Sequence[torch.nn.Module] = (),
 ) -> str:
     """The edited tower's graph at `path`, with provenance in its metadata, written once; returns
     how: "reused" (nothing changed), "patched" (changed bytes replaced) or "exported" (fresh).
+    `idle` as for `cached_base`.
 
     A patched graph is the cached one copied (a kernel copy), the changed tensors' bytes written
     over theirs in place (same dtype and shape, so the same length), and the provenance appended
@@ -206,7 +217,7 @@ def write_tower(
     try:
         bank.prepare_export(key)
         with holding_export(bank, key, (base.name,)):  # no prune while it is copied from
-            cached = _cached_base_held(bank, key, base)
+            cached = _cached_base_held(bank, key, base, idle)
             patches = find_patches(onnx_files(cached), changed_tensors(base.module, edited.module))
             if patches is not None:
                 _copy_patched(cached, path, patches)
