@@ -295,24 +295,49 @@ def _resident_mb() -> float:
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
+def _cached_pages(path: Path) -> int:
+    """How many of the file's pages the page cache holds (mincore on a fresh mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+        pages = -(-len(m) // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        assert libc.mincore(address, len(m), vector) == 0
+        count = sum(byte & 1 for byte in vector.raw)
+        del address  # the buffer's export ends before the mapping closes
+    return count
+
+
 def test_weights_mapping_a_checkpoint_leave_memory_and_read_back_unchanged(tmp_path):
     """What the build does to torch's input tower while onnxruntime runs it: the pages that map
-    the checkpoint file are reclaimed, the module's own memory stays, and the next pass reads
-    the same numbers back."""
+    the checkpoint file leave resident memory but stay in the page cache (no disk read when torch
+    runs the tower again), while a page the process wrote to and the module's own memory stay,
+    and the next pass reads the same numbers back."""
+    import os
+
     from ptc.devices import page_out_weights
 
     path = tmp_path / "weights.bin"
     values = torch.arange(32 << 20, dtype=torch.float32)  # 128 MB
-    values.numpy().tofile(path)
+    with open(path, "wb") as handle:
+        handle.write(values.numpy().tobytes())
+        os.fsync(handle.fileno())  # clean pages, which a reclaim would drop from the cache
     mapped = torch.from_file(str(path), shared=False, size=values.numel(), dtype=torch.float32)
+    mapped[5] = -1.0  # a private copy of that page
+    values[5] = -1.0
     own = torch.randn(1 << 20)
     module = torch.nn.Module()
     module.register_parameter("mapped", torch.nn.Parameter(mapped, requires_grad=False))
     module.register_buffer("own", own.clone())
     assert torch.equal(mapped, values)  # every page read in
-    held = _resident_mb()
+    held, cached = _resident_mb(), _cached_pages(path)
     page_out_weights(module)
     assert held - _resident_mb() > 120
+    assert _cached_pages(path) >= cached - 2
     assert torch.equal(module.mapped, values) and torch.equal(module.own, own)
 
 
