@@ -129,8 +129,9 @@ def embedding_runtime(
 def measure_runtime(
     plan: Plan, model: Family, weights_key: str, onnx_pass: OnnxInputPass, run: Run
 ) -> str:
-    """Time torch, then onnxruntime with torch's tower paged out, on the build's first probe
-    files (compiler/export/runtime_speed.py); the choice is recorded in the bank."""
+    """Time torch, then onnxruntime (its session opened with torch's tower paged out), on the
+    build's first probe files (compiler/export/runtime_speed.py); the choice is recorded in the
+    bank."""
     sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
     with run.stage("measure_runtime"):
         rates = {TORCH: images_per_second(model, model.embed_for_edit, sample)}
@@ -138,7 +139,6 @@ def measure_runtime(
         onnx_pass.export()
     with run.stage("open_session"):  # graph optimisation, weights prepacked
         forward = onnx_pass()
-    onnx_pass.page_out_torch_tower()
     with run.stage("measure_runtime"):
         rates[ONNXRUNTIME] = images_per_second(model, forward, sample)
     return record_choice(model, plan.bank, weights_key, rates, len(sample))
@@ -196,7 +196,6 @@ def embed_target_grid(
                 target.input_pass.export()
             with run.stage("open_session"):
                 target.input_pass()
-            target.input_pass.page_out_torch_tower()
         runtime = (target.runtime, target.input_pass)
     with run.stage("embed"):
         grid = embed_grid(

@@ -80,6 +80,7 @@ class OnnxInputPass:
 
     def __call__(self) -> InputForward:
         if self._forward is None:
+            self.page_out_torch_tower()  # before the session loads and prepacks its own copy
             self._forward = session_forward(self.export())
         return self._forward
 
