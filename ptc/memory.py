@@ -89,9 +89,8 @@ def page_out(spans: list[tuple[int, int]]) -> None:
     them again with the file's contents. Pages the process wrote to, and memory with no file
     behind it, stay as they are: dropping those would lose their contents. A no-op off Linux.
 
-    Not MADV_PAGEOUT, which takes any page out but drops file pages from the page cache too
-    (the test shows it): with it, the ViT-L/14 bench's checkpoint writes, which read the
-    weights back from disk, took 2.1-2.7x as long as in the run before.
+    Not MADV_PAGEOUT, which takes any page out but drops file pages from the page cache too (the
+    test shows it), so that torch's next pass and the checkpoint write read them from disk.
     """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
