@@ -96,6 +96,21 @@ def test_a_patched_tower_is_a_fresh_export_of_the_edited_model(family, tmp_path)
     assert np.abs(_run(tmp_path / "again.onnx", second.example_inputs) - expected).max() < 1e-5
 
 
+def test_the_other_towers_are_paged_out_only_while_a_base_export_runs(tmp_path, monkeypatch):
+    """A base export holds the traced graph beside the whole model: the towers it does not trace
+    are paged out for it (ptc/devices.py), and left alone where the export is cached."""
+    build, scheme = FAMILIES["hf-clip"]
+    encoder = targets.load(scheme.format(build(tmp_path / "m", seed=3)))
+    vision, text = encoder.onnx_towers()
+    paged: list[torch.nn.Module] = []
+    monkeypatch.setattr(towers, "page_out_weights", paged.append)
+    bank, key = Bank(tmp_path / "cache"), towers.export_key("k", vision)
+    path = towers.cached_base(bank, key, vision, idle=[text.module])
+    assert paged == [text.module]
+    assert towers.cached_base(bank, key, vision, idle=[text.module]) == path
+    assert paged == [text.module]  # cached: nothing exported, nothing paged out
+
+
 def test_what_cannot_be_matched_is_exported_afresh(tmp_path):
     build, scheme = FAMILIES["hf-clip"]
     encoder = targets.load(scheme.format(build(tmp_path / "m", seed=3)))
