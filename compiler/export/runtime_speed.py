@@ -10,7 +10,8 @@ the cache.
 
 torch is timed before the session opens, and its tower is paged out while onnxruntime is
 timed, so the tower's two copies (torch's, the session's) are never resident together: taking
-turns, they held ViT-B/16's measuring stage at 2.0x the model above the libraries.
+turns on 8 inputs, they made ViT-B/16's cold-build peak, 2.10 GB (2.35x the model above the
+libraries; `ptc bench --size vit-b16` at e8f5b497).
 """
 
 from __future__ import annotations
