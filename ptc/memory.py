@@ -90,7 +90,8 @@ def page_out(spans: list[tuple[int, int]]) -> None:
     behind it, stay as they are: dropping those would lose their contents. A no-op off Linux.
 
     Not MADV_PAGEOUT, which takes any page out but drops file pages from the page cache too (the
-    test shows it), so that torch's next pass and the checkpoint write read them from disk.
+    page-cache check of tests/test_build.py fails under it, run by hand), so that torch's next
+    pass and the checkpoint write read them from disk.
     """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)

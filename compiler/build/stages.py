@@ -134,13 +134,14 @@ def measure_runtime(
     bank."""
     sample = list(plan.terms[0].task.probes[:SAMPLE_INPUTS])
     with run.stage("measure_runtime"):
-        rates = {TORCH: images_per_second(model, model.embed_for_edit, sample)}
+        batch = model.load_inputs(sample)
+        rates = {TORCH: images_per_second(model.embed_for_edit, batch)}
     with run.stage("export_base"):
         onnx_pass.export()
     with run.stage("open_session"):  # graph optimisation, weights prepacked
         forward = onnx_pass()
     with run.stage("measure_runtime"):
-        rates[ONNXRUNTIME] = images_per_second(model, forward, sample)
+        rates[ONNXRUNTIME] = images_per_second(forward, batch)
     return record_choice(model, plan.bank, weights_key, rates, len(sample))
 
 

@@ -11,7 +11,7 @@ the cache.
 torch is timed before the session opens, and its tower is paged out while onnxruntime is
 timed, so the tower's two copies (torch's, the session's) are never resident together: taking
 turns on 8 inputs, they made ViT-B/16's cold-build peak, 2.10 GB (2.35x the model above the
-libraries; `ptc bench --size vit-b16` at e8f5b497).
+libraries; `ptc bench --size vit-b16` at e8f5b497, a run not committed).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from pathlib import Path
 
 import torch
 
@@ -28,7 +27,7 @@ from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward
 from ptc.compiler.export.onnx_embed import SESSION_BATCH
 from ptc.devices import cpu_name
 from ptc.progress import note
-from ptc.targets.base import Batch, Family
+from ptc.targets.base import Batch, Family, batch_rows
 
 # onnxruntime stays the choice unless it measured slower than this share of torch's rate: a
 # margin keeps a near tie, whose winner a noisy timing could flip, on the runtime `auto` picked
@@ -64,20 +63,19 @@ def recorded_runtime(bank: Bank, weights_key: str) -> str | None:
     return None if record is None else str(record["chosen"])
 
 
-def images_per_second(model: Family, forward: InputForward, sample: list[Path]) -> float:
-    """How fast `forward` embeds the sample's first SAMPLE_INPUTS probe files: the best of its
-    rounds, after a warm-up run on one input (first-call allocations, kernel choice, a
-    session's own set-up)."""
-    batch = model.load_inputs(sample[:SAMPLE_INPUTS])
+def images_per_second(forward: InputForward, batch: Batch) -> float:
+    """How fast `forward` embeds `batch`: the best of its rounds, after a warm-up run on its
+    first input (first-call allocations, kernel choice, a session's own set-up)."""
+    count = len(next(iter(batch.values())))
     best, spent = float("inf"), 0.0
     with torch.inference_mode():
-        forward(model.load_inputs(sample[:1]))
+        forward(batch_rows(batch, slice(0, 1)))
         for _ in range(MAX_ROUNDS):
             seconds = _timed(forward, batch)
             best, spent = min(best, seconds), spent + seconds
             if spent >= MIN_SECONDS:
                 break
-    return len(sample[:SAMPLE_INPUTS]) / best
+    return count / best
 
 
 def record_choice(
