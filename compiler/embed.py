@@ -29,6 +29,13 @@ TORCH = "torch"  # the runtime of a model's own forward passes
 ONNXRUNTIME = "onnxruntime"  # onnxruntime on its base export (compiler/export/onnx_embed.py)
 # A forward pass of the input tower on a batch: (z, R or None), as DualEncoder.embed_for_edit.
 InputForward = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
+# On a CPU, at most this many inputs go through one forward pass, whatever --batch-size says. A
+# ViT's matrix products are already large at a few images: larger runs only hold more
+# activations, and torch eager ran them slower (ViT-B/16: 3.0-3.8 images/s in runs of 8 against
+# 2.7-3.0 in one run of 32, the same embeddings to the bit; 2-core AMD EPYC, a hand run, not
+# committed). onnxruntime's session runs the same size (compiler/export/onnx_embed.py), and
+# `--embed-runtime auto` times both runtimes on one such run.
+CPU_RUN = 8
 
 
 @dataclass(frozen=True)
@@ -126,13 +133,19 @@ def _embed_files(
     progress: bool,
     forward: Callable[[Batch], RowsT],
 ) -> list[RowsT]:
-    chunks = [paths[i : i + batch_size] for i in range(0, len(paths), batch_size)]
+    size = run_size(model, batch_size)
+    chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     rows = []
     batches = _decoded(model, chunks)
     for batch in track(batches, len(chunks), desc, "batches", progress):
         with timed("forward"), autocast(model):
             rows.append(forward(batch))
     return rows
+
+
+def run_size(model: DualEncoder, batch_size: int) -> int:
+    """Inputs per forward pass: the batch size, capped at CPU_RUN on a CPU."""
+    return min(batch_size, CPU_RUN) if model.device.type == "cpu" else batch_size
 
 
 def _decoded(model: DualEncoder, chunks: list[Sequence[Path]]) -> Iterator[Batch]:

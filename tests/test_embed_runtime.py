@@ -14,9 +14,15 @@ import torch
 from conftest import FAMILIES, run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.embed import model_info, model_key
-from ptc.compiler.export.onnx_embed import SESSION_BATCH, choose_runtime
-from ptc.compiler.export.runtime_speed import machine_label, speed_key
+from ptc.compiler.embed import CPU_RUN, embed_probe_files_for_edit, model_info, model_key
+from ptc.compiler.export import runtime_speed
+from ptc.compiler.export.onnx_embed import choose_runtime
+from ptc.compiler.export.runtime_speed import (
+    SAMPLE_INPUTS,
+    images_per_second,
+    machine_label,
+    speed_key,
+)
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import CPU, place
 from ptc.errors import InputError
@@ -101,7 +107,7 @@ def test_auto_measures_both_runtimes_once_per_model_and_machine(world, bank_copy
     record = Bank(bank_copy).runtime_speed(path.stem)
     assert record is not None
     rates = record["images_per_second"]
-    assert rates["torch"] > 0 and rates["onnxruntime"] > 0 and record["inputs"] == SESSION_BATCH
+    assert rates["torch"] > 0 and rates["onnxruntime"] > 0 and record["inputs"] == SAMPLE_INPUTS
     expected = "onnxruntime" if rates["onnxruntime"] >= 0.95 * rates["torch"] else "torch"
     assert record["chosen"] == expected
     assert record["machine"] == machine_label()
@@ -121,6 +127,30 @@ def test_auto_measures_both_runtimes_once_per_model_and_machine(world, bank_copy
     assert again.returncode == 0, again.stderr
     assert "measure_runtime" not in json.loads(again.stdout)["run"]["timings"]
     assert path.read_bytes() == written
+
+
+def test_cpu_passes_run_the_size_auto_timed_whatever_the_batch_size(world, monkeypatch):
+    """torch on a CPU embeds in runs of CPU_RUN, the run `auto` times each runtime on, with at
+    least MIN_ROUNDS timed rounds: a single round once chose the slower runtime."""
+    target = targets.load(f"hf:{world.target}")
+    paths = sorted((world.root / "world").rglob("*.png"))[:19]
+    assert len(paths) == 19 and CPU_RUN == 8
+    runs: list[int] = []
+
+    def counted(batch):
+        runs.append(len(next(iter(batch.values()))))
+        return target.embed_for_edit(batch)
+
+    with torch.inference_mode():
+        z, _ = embed_probe_files_for_edit(target, paths, 64, "runs", False, counted)
+        whole, _ = target.embed_for_edit(target.load_inputs(paths))  # one pass, independent
+    assert runs == [8, 8, 3]  # not one run of 19: --batch-size 64 is more than a CPU runs
+    assert (z - whole).abs().max() < 1e-6
+
+    runs.clear()  # a runtime that has run MIN_SECONDS after one round still runs MIN_ROUNDS
+    monkeypatch.setattr(runtime_speed, "MIN_SECONDS", 0.0)
+    rate = images_per_second(counted, target.load_inputs(paths[:SAMPLE_INPUTS]))
+    assert runs == [1, 8, 8] and rate > 0  # a warm-up input, then two rounds of 8
 
 
 def test_a_recorded_faster_torch_makes_auto_embed_on_torch(world, bank_copy, tmp_path):

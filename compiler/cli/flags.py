@@ -46,7 +46,11 @@ RUN_OPTIONS = {
         "switch",
         "Replace an output folder that ptc wrote (never one holding anything else).",
     ),
-    "batch_size": RunFlag("--batch-size", "count", "Inputs per forward pass."),
+    "batch_size": RunFlag(
+        "--batch-size",
+        "count",
+        "Inputs per forward pass (at most 8 on a CPU, where larger runs were slower).",
+    ),
     "export": RunFlag("--no-export", "negated", "Solve, fold and verify in torch; write nothing."),
     "locked": RunFlag(
         "--locked",

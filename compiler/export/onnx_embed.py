@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ptc.compiler.bank.store import Bank
-from ptc.compiler.embed import ONNXRUNTIME, TORCH, InputForward, model_info
+from ptc.compiler.embed import CPU_RUN, ONNXRUNTIME, TORCH, InputForward, model_info
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import page_out_weights, precision_of
 from ptc.errors import InputError
@@ -103,7 +103,7 @@ def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
 # not (a ViT's matrix products are already large at a few images): over ViT-B/16's 329 MB graph,
 # runs of 8 held 603 MB at their peak against 1,234 MB for runs of 64, at 1.04x and 1.14x
 # their images/s in two rounds (benchmarks/session_batch.py, 2 cores).
-SESSION_BATCH = 8
+SESSION_BATCH = CPU_RUN  # every CPU pass runs this many (compiler/embed.py)
 
 
 def session_forward(path: Path) -> InputForward:
