@@ -127,11 +127,11 @@ def _forward_floors(
     target_ref: str, task_file: Path, base_export: Path, bf16_inputs: int, batch_size: int = 64
 ) -> dict[str, dict[str, float]]:
     """The grid's embedding with the model loaded, on each runtime: decoding the probes and the
-    forward passes over them and the prompts, in the runs a build takes (CPU_RUN inputs on a
-    CPU), one after the other; the input passes alone give images/s and, with the tower's FLOPs
+    forward passes over them and the prompts, in the batches and runs a build takes
+    (compiler/embed.py `in_runs`), one after the other; the input passes alone give images/s and, with the tower's FLOPs
     per image, GFLOP/s. Prompts run on torch fp32 in every row, as a build runs them."""
     from ptc import targets
-    from ptc.compiler.embed import run_size
+    from ptc.compiler.embed import in_runs
     from ptc.compiler.export.onnx_embed import session_forward
     from ptc.devices import CPU, autocast, place
 
@@ -149,17 +149,17 @@ def _forward_floors(
         "torch_bf16": (model.embed_inputs, "bf16", paths[:bf16_inputs]),
     }
     floors = {}
-    size = run_size(model, batch_size)
     for name, (forward, precision, timed) in runtimes.items():
         place(model, CPU, precision)
         with torch.inference_mode(), autocast(model):
             forward(model.load_inputs(paths[:2]))  # warm-up: first-call allocations, kernels
         start, passes = time.perf_counter(), 0.0
-        for i in range(0, len(timed), size):
-            batch = model.load_inputs(timed[i : i + size])
+        runs = in_runs(model, forward)
+        for i in range(0, len(timed), batch_size):
+            batch = model.load_inputs(timed[i : i + batch_size])
             began = time.perf_counter()
             with torch.inference_mode(), autocast(model):
-                forward(batch)
+                runs(batch)
             passes += time.perf_counter() - began
         place(model, CPU, "fp32")
         model.embed_prompts(prompts)

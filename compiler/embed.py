@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ptc.devices import CPU, autocast, device_label, precision_of
 from ptc.errors import BankError
 from ptc.finite import require_finite
 from ptc.progress import track
-from ptc.targets.base import Batch, DualEncoder
+from ptc.targets.base import Batch, DualEncoder, batch_len, batch_rows
 from ptc.timers import timed
 
 RowsT = TypeVar("RowsT")
@@ -29,13 +30,17 @@ TORCH = "torch"  # the runtime of a model's own forward passes
 ONNXRUNTIME = "onnxruntime"  # onnxruntime on its base export (compiler/export/onnx_embed.py)
 # A forward pass of the input tower on a batch: (z, R or None), as DualEncoder.embed_for_edit.
 InputForward = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
-# On a CPU, at most this many inputs go through one forward pass, whatever --batch-size says. A
-# ViT's matrix products are already large at a few images: larger runs only hold more
-# activations, and torch eager ran them slower (ViT-B/16: 3.0-3.8 images/s in runs of 8 against
-# 2.7-3.0 in one run of 32, the same embeddings to the bit; 2-core AMD EPYC, a hand run, not
-# committed). onnxruntime's session runs the same size (compiler/export/onnx_embed.py), and
-# `--embed-runtime auto` times both runtimes on one such run.
+# On a CPU a forward pass runs at most this many inputs, whatever --batch-size says, where one
+# run of that many is work enough (BUSY_SECONDS). A ViT's matrix products are already large at a
+# few images: larger runs only hold more activations, and torch eager ran them slower (ViT-B/16:
+# 3.0-3.8 images/s in runs of 8 against 2.7-3.0 in one run of 32, the same embeddings to the
+# bit; 2-core AMD EPYC, a hand run, not committed). onnxruntime's session runs the same size
+# (compiler/export/onnx_embed.py), and `--embed-runtime auto` times both runtimes on one run.
 CPU_RUN = 8
+# A smaller model's run of 8 is mostly each call's fixed cost: a 48-wide test CLIP took 44 ms
+# for 256 inputs in runs of 8 against 13 ms in runs of 64 (same machine, by hand). So a batch
+# is split only once its first run took this long.
+BUSY_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -133,19 +138,50 @@ def _embed_files(
     progress: bool,
     forward: Callable[[Batch], RowsT],
 ) -> list[RowsT]:
-    size = run_size(model, batch_size)
-    chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
+    chunks = [paths[i : i + batch_size] for i in range(0, len(paths), batch_size)]
     rows = []
     batches = _decoded(model, chunks)
+    runs = in_runs(model, forward)
     for batch in track(batches, len(chunks), desc, "batches", progress):
         with timed("forward"), autocast(model):
-            rows.append(forward(batch))
+            rows.append(runs(batch))
     return rows
 
 
-def run_size(model: DualEncoder, batch_size: int) -> int:
-    """Inputs per forward pass: the batch size, capped at CPU_RUN on a CPU."""
-    return min(batch_size, CPU_RUN) if model.device.type == "cpu" else batch_size
+def in_runs(model: DualEncoder, forward: Callable[[Batch], RowsT]) -> Callable[[Batch], RowsT]:
+    """`forward` as every pass runs it: on a CPU in runs of CPU_RUN inputs where a run takes
+    BUSY_SECONDS (timed on the first batch's second run, the first being a warm-up), else and
+    elsewhere each batch whole."""
+    split: bool | None = None if model.device.type == "cpu" else False
+
+    def run(batch: Batch) -> RowsT:
+        nonlocal split
+        size = batch_len(batch)
+        if split is False or size <= CPU_RUN:
+            return forward(batch)
+        parts, first = [], 0
+        if split is None and size > 2 * CPU_RUN:  # decided by the first batch's second run
+            parts.append(forward(batch_rows(batch, slice(0, CPU_RUN))))  # the first: warm-up
+            start = time.perf_counter()
+            parts.append(forward(batch_rows(batch, slice(CPU_RUN, 2 * CPU_RUN))))
+            split = time.perf_counter() - start >= BUSY_SECONDS
+            first = 2 * CPU_RUN
+        step = CPU_RUN if split else size
+        parts.extend(
+            forward(batch_rows(batch, slice(i, i + step))) for i in range(first, size, step)
+        )
+        return _joined(parts)
+
+    return run
+
+
+def _joined(parts: list[Any]) -> Any:
+    """The rows of consecutive runs as one batch's: a tensor, or (z, R or None)."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    regressors = [r for _, r in parts]
+    z = torch.cat([z for z, _ in parts])
+    return z, None if regressors[0] is None else torch.cat(regressors)
 
 
 def _decoded(model: DualEncoder, chunks: list[Sequence[Path]]) -> Iterator[Batch]:

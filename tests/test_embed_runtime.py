@@ -13,6 +13,7 @@ import torch
 
 from conftest import FAMILIES, run_ptc, write_recipe
 from ptc import targets
+from ptc.compiler import embed
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import CPU_RUN, embed_probe_files_for_edit, model_info, model_key
 from ptc.compiler.export import runtime_speed
@@ -129,9 +130,10 @@ def test_auto_measures_both_runtimes_once_per_model_and_machine(world, bank_copy
     assert path.read_bytes() == written
 
 
-def test_cpu_passes_run_the_size_auto_timed_whatever_the_batch_size(world, monkeypatch):
-    """torch on a CPU embeds in runs of CPU_RUN, the run `auto` times each runtime on, with at
-    least MIN_ROUNDS timed rounds: a single round once chose the slower runtime."""
+def test_cpu_passes_run_in_the_runs_auto_timed_where_a_run_is_work_enough(world, monkeypatch):
+    """On a CPU a batch runs in runs of CPU_RUN (the run `auto` times each runtime on, at least
+    two rounds) where one takes BUSY_SECONDS; a tiny model's runs are mostly fixed cost, and its
+    batches run whole after the run that decided it."""
     target = targets.load(f"hf:{world.target}")
     paths = sorted((world.root / "world").rglob("*.png"))[:19]
     assert len(paths) == 19 and CPU_RUN == 8
@@ -142,12 +144,18 @@ def test_cpu_passes_run_the_size_auto_timed_whatever_the_batch_size(world, monke
         return target.embed_for_edit(batch)
 
     with torch.inference_mode():
-        z, _ = embed_probe_files_for_edit(target, paths, 64, "runs", False, counted)
         whole, _ = target.embed_for_edit(target.load_inputs(paths))  # one pass, independent
-    assert runs == [8, 8, 3]  # not one run of 19: --batch-size 64 is more than a CPU runs
-    assert (z - whole).abs().max() < 1e-6
+        twice = torch.cat([whole, whole])
+        z, _ = embed_probe_files_for_edit(target, paths + paths, 64, "runs", False, counted)
+        assert runs == [8, 8, 22]  # the tiny target: its second run is far below BUSY_SECONDS
+        assert (z - twice).abs().max() < 1e-6
+        monkeypatch.setattr(embed, "BUSY_SECONDS", 0.0)  # as a real-size model's run takes
+        runs.clear()
+        z, _ = embed_probe_files_for_edit(target, paths + paths, 64, "runs", False, counted)
+        assert runs == [8, 8, 8, 8, 6]  # not one run of 38: --batch-size 64 is more than that
+        assert (z - twice).abs().max() < 1e-6
 
-    runs.clear()  # a runtime that has run MIN_SECONDS after one round still runs MIN_ROUNDS
+    runs.clear()  # a runtime that has run MIN_SECONDS after one round still runs two
     monkeypatch.setattr(runtime_speed, "MIN_SECONDS", 0.0)
     rate = images_per_second(counted, target.load_inputs(paths[:SAMPLE_INPUTS]))
     assert runs == [1, 8, 8] and rate > 0  # a warm-up input, then two rounds of 8

@@ -49,7 +49,7 @@ RUN_OPTIONS = {
     "batch_size": RunFlag(
         "--batch-size",
         "count",
-        "Inputs per forward pass (at most 8 on a CPU, where larger runs were slower).",
+        "Inputs per batch (on a CPU a large model runs each batch 8 at a time, faster there).",
     ),
     "export": RunFlag("--no-export", "negated", "Solve, fold and verify in torch; write nothing."),
     "locked": RunFlag(
