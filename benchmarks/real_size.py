@@ -128,8 +128,9 @@ def _forward_floors(
 ) -> dict[str, dict[str, float]]:
     """The grid's embedding with the model loaded, on each runtime: decoding the probes and the
     forward passes over them and the prompts, in the batches and runs a build takes
-    (compiler/embed.py `in_runs`), one after the other; the input passes alone give images/s and, with the tower's FLOPs
-    per image, GFLOP/s. Prompts run on torch fp32 in every row, as a build runs them."""
+    (compiler/embed.py `in_runs`), one after the other; the input passes alone give images/s
+    and, with the tower's FLOPs per image, GFLOP/s. Prompts run on torch fp32 in every row, as
+    a build runs them."""
     from ptc import targets
     from ptc.compiler.embed import in_runs
     from ptc.compiler.export.onnx_embed import session_forward

@@ -38,8 +38,8 @@ InputForward = Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]
 # (compiler/export/onnx_embed.py), and `--embed-runtime auto` times both runtimes on one run.
 CPU_RUN = 8
 # A smaller model's run of 8 is mostly each call's fixed cost: a 48-wide test CLIP took 44 ms
-# for 256 inputs in runs of 8 against 13 ms in runs of 64 (same machine, by hand). So a batch
-# is split only once its first run took this long.
+# for 256 inputs in runs of 8 against 13 ms in runs of 64 (same machine, by hand). So batches
+# are split only where the first batch's second run (the first warms up) took this long.
 BUSY_SECONDS = 0.1
 
 

@@ -103,7 +103,7 @@ def input_forward(model: Family, bank: Bank) -> OnnxInputPass:
 # not (a ViT's matrix products are already large at a few images): over ViT-B/16's 329 MB graph,
 # runs of 8 held 603 MB at their peak against 1,234 MB for runs of 64, at 1.04x and 1.14x
 # their images/s in two rounds (benchmarks/session_batch.py, 2 cores).
-SESSION_BATCH = CPU_RUN  # every CPU pass runs this many (compiler/embed.py)
+SESSION_BATCH = CPU_RUN  # the runs a real-size model's CPU passes take (compiler/embed.py)
 
 
 def session_forward(path: Path) -> InputForward:
