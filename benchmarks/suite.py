@@ -15,6 +15,8 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -440,31 +442,48 @@ def machine() -> dict:
 def run(quick: bool, size_name: str, echo=print) -> dict:
     size = SIZES[size_name]
     results: dict = {"machine": machine(), "quick": quick, "size": size_name, "size_config": size}
+    spent: dict[str, float] = {}  # each section's seconds: where the bench's own time goes
+    results["section_seconds"] = spent
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as tmp:
         root = Path(tmp)
         shape = (1, 2, 4) if quick else (2, 2, 4)
         echo(
             f"bank build: {shape[0]} targets x {shape[1]} sources x {shape[2]} tasks, size {size_name}"
         )
-        bank_build = bench_bank_build(root / "bank-build", size, *shape, repeats=3 if quick else 1)
+        with _section(spent, "bank_build"):
+            bank_build = bench_bank_build(
+                root / "bank-build", size, *shape, repeats=3 if quick else 1
+            )
         bank, sources, target_refs = bank_build.pop("_state")
         results["bank_build"] = bank_build
         echo("solve at N=2000, M=200, d=768 and at the bench grid")
-        results["solve"] = {
-            "paper_size": bench_solve(2000, 200, 768),
-            "bench_grid": bench_solve(size["probes"], size["classes"], size["embed_dim"]),
-        }
+        with _section(spent, "solve"):
+            results["solve"] = {
+                "paper_size": bench_solve(2000, 200, 768),
+                "bench_grid": bench_solve(size["probes"], size["classes"], size["embed_dim"]),
+            }
         echo("compile: 8 terms on the warm bank")
-        compile_ = bench_compile(root / "compile", bank, target_refs[0], 8)
+        with _section(spent, "compile"):
+            compile_ = bench_compile(root / "compile", bank, target_refs[0], 8)
         out = compile_.pop("_out")
         results["compile"] = compile_
         echo("zero-cost edit: ONNX latency")
-        results["latency"] = bench_latency(root, target_refs[0], out, batch=8, repeats=300)
+        with _section(spent, "latency"):
+            results["latency"] = bench_latency(root, target_refs[0], out, batch=8, repeats=300)
         echo("adapter route vs closed form")
-        results["routes"] = bench_routes(root / "routes", bank, target_refs[0])
+        with _section(spent, "routes"):
+            results["routes"] = bench_routes(root / "routes", bank, target_refs[0])
         echo("scaling")
-        results["scaling"] = bench_scaling(root, quick)
+        with _section(spent, "scaling"):
+            results["scaling"] = bench_scaling(root, quick)
     return results
+
+
+@contextmanager
+def _section(spent: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    spent[name] = time.perf_counter() - start
 
 
 def summary_rows(results: dict) -> list[tuple[str, str, str]]:

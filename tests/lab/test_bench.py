@@ -23,6 +23,9 @@ def test_bench_quick_tiny_writes_all_figures(tmp_path):
         results["routes"]["adapter_over_closed_form"],
     ]
     assert all(math.isfinite(f) and f > 0 for f in figures)
+    sections = results["section_seconds"]  # where the bench's own time goes, each section timed
+    assert set(sections) == {"bank_build", "solve", "compile", "latency", "routes", "scaling"}
+    assert all(seconds > 0 for seconds in sections.values())
     # A fitted exponent of millisecond timings: finite, but its sign is noise on a loaded machine.
     assert math.isfinite(results["scaling"]["solve"]["N"]["exponent"])
     assert results["compile"]["warm_rebuild"]["grid_embeddings_computed"] == 0
