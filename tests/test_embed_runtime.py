@@ -27,6 +27,7 @@ from ptc.compiler.export.runtime_speed import (
 from ptc.compiler.export.tower_cache import cached_base, export_key
 from ptc.devices import CPU, place
 from ptc.errors import InputError
+from ptc.targets.base import batch_len
 
 
 def test_a_build_embeds_its_target_on_onnxruntime_apart_from_torch(world, bank_copy, tmp_path):
@@ -140,7 +141,7 @@ def test_cpu_passes_run_in_the_runs_auto_timed_where_a_run_is_work_enough(world,
     runs: list[int] = []
 
     def counted(batch):
-        runs.append(len(next(iter(batch.values()))))
+        runs.append(batch_len(batch))
         return target.embed_for_edit(batch)
 
     with torch.inference_mode():
@@ -159,6 +160,20 @@ def test_cpu_passes_run_in_the_runs_auto_timed_where_a_run_is_work_enough(world,
     monkeypatch.setattr(runtime_speed, "MIN_SECONDS", 0.0)
     rate = images_per_second(counted, target.load_inputs(paths[:SAMPLE_INPUTS]))
     assert runs == [1, 8, 8] and rate > 0  # a warm-up input, then two rounds of 8
+
+
+def test_rows_an_edit_acts_through_are_joined_across_runs_in_order(world, tmp_path, monkeypatch):
+    """SigLIP's edit acts through rows inside its tower (so400m embeds on torch): split into
+    runs, its (z, R) pairs join in input order, as one pass over the whole batch gives them."""
+    build, scheme = FAMILIES["hf-siglip"]
+    siglip = targets.load(scheme.format(build(tmp_path / "siglip", seed=0)))
+    paths = sorted((world.root / "world").rglob("*.png"))[:19]
+    monkeypatch.setattr(embed, "BUSY_SECONDS", 0.0)
+    with torch.inference_mode():
+        z, r = embed_probe_files_for_edit(siglip, paths, 64, "runs", False)
+        whole_z, whole_r = siglip.embed_for_edit(siglip.load_inputs(paths))
+    assert whole_r is not None and r is not None and r.shape == whole_r.shape
+    assert (z - whole_z).abs().max() < 1e-5 and (r - whole_r).abs().max() < 1e-5
 
 
 def test_a_recorded_faster_torch_makes_auto_embed_on_torch(world, bank_copy, tmp_path):

@@ -26,7 +26,7 @@ from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import CPU_RUN, ONNXRUNTIME, TORCH, InputForward
 from ptc.devices import cpu_name
 from ptc.progress import note
-from ptc.targets.base import Batch, Family, batch_rows
+from ptc.targets.base import Batch, Family, batch_len, batch_rows
 
 # onnxruntime stays the choice unless it measured slower than this share of torch's rate: a
 # margin keeps a near tie, whose winner a noisy timing could flip, on the runtime `auto` picked
@@ -69,7 +69,7 @@ def recorded_runtime(bank: Bank, weights_key: str) -> str | None:
 def images_per_second(forward: InputForward, batch: Batch) -> float:
     """How fast `forward` embeds `batch`: the best of its rounds, after a warm-up run on its
     first input (first-call allocations, kernel choice, a session's own set-up)."""
-    count = len(next(iter(batch.values())))
+    count = batch_len(batch)
     best, spent = float("inf"), 0.0
     with torch.inference_mode():
         forward(batch_rows(batch, slice(0, 1)))
