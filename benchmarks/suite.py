@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,27 @@ SIZES = {  # model and grid sizes; probes per task, classes per task
         probes=128,
         classes=50,
     ),
+}
+
+
+@dataclass(frozen=True)
+class Effort:
+    """How hard each section works: the shapes and repeats behind its figures."""
+
+    bank_shape: tuple[int, int, int]  # targets x sources x tasks
+    bank_repeats: int  # fresh banks filled; the ratio is of their medians
+    solve_repeats: int
+    latency_repeats: int
+    scaling_axis_points: int  # of the solve's N, M and d grids, the first this many
+    scaling_probes: tuple[int, ...]  # bank builds of one task at these probe counts
+
+
+EFFORTS = {
+    "full": Effort((2, 2, 4), 1, 5, 300, 4, (128, 512, 2048, 4096)),
+    "quick": Effort((1, 2, 4), 3, 5, 300, 4, (128, 512, 2048)),
+    # Every section once at the least work that still yields each figure: shows the bench runs
+    # end to end (the tests' use); its ratios are not measurements.
+    "smoke": Effort((1, 2, 4), 1, 1, 20, 2, (64, 128)),
 }
 
 
@@ -405,18 +427,20 @@ def bench_routes(root: Path, bank, target_ref: str) -> dict:
 
 
 # -- 6. scaling -------------------------------------------------------------------------------------
-def bench_scaling(root: Path, quick: bool) -> dict:
+def bench_scaling(root: Path, effort: Effort) -> dict:
     solve = {}
     grids = {"N": [250, 500, 1000, 2000], "M": [25, 50, 100, 200], "d": [128, 256, 512, 768]}
     base = {"n": 2000, "m": 200, "d": 256}
-    for axis, values in grids.items():
-        rows = [bench_solve(**{**base, axis.lower(): value}, repeats=3) for value in values]
+    for axis, grid in grids.items():
+        values = grid[: effort.scaling_axis_points]
+        repeats = min(3, effort.solve_repeats)
+        rows = [bench_solve(**{**base, axis.lower(): value}, repeats=repeats) for value in values]
         solve[axis] = {
             "values": values,
             "cached_seconds": [r["cached_seconds"] for r in rows],
             "exponent": _exponent(values, [r["cached_seconds"] for r in rows]),
         }
-    build = {"N": [128, 512, 2048] if quick else [128, 512, 2048, 4096]}
+    build: dict = {"N": list(effort.scaling_probes)}
     seconds = []
     for n in build["N"]:
         figures = bench_bank_build(
@@ -439,28 +463,36 @@ def machine() -> dict:
     }
 
 
-def run(quick: bool, size_name: str, echo=print) -> dict:
-    size = SIZES[size_name]
-    results: dict = {"machine": machine(), "quick": quick, "size": size_name, "size_config": size}
+def run(effort_name: str, size_name: str, echo=print) -> dict:
+    size, effort = SIZES[size_name], EFFORTS[effort_name]
+    results: dict = {
+        "machine": machine(),
+        "effort": effort_name,
+        "effort_config": asdict(effort),
+        "size": size_name,
+        "size_config": size,
+    }
     spent: dict[str, float] = {}  # each section's seconds: where the bench's own time goes
     results["section_seconds"] = spent
     with tempfile.TemporaryDirectory(prefix="ptc-bench-") as tmp:
         root = Path(tmp)
-        shape = (1, 2, 4) if quick else (2, 2, 4)
+        shape = effort.bank_shape
         echo(
             f"bank build: {shape[0]} targets x {shape[1]} sources x {shape[2]} tasks, size {size_name}"
         )
         with _section(spent, "bank_build"):
             bank_build = bench_bank_build(
-                root / "bank-build", size, *shape, repeats=3 if quick else 1
+                root / "bank-build", size, *shape, repeats=effort.bank_repeats
             )
         bank, sources, target_refs = bank_build.pop("_state")
         results["bank_build"] = bank_build
         echo("solve at N=2000, M=200, d=768 and at the bench grid")
         with _section(spent, "solve"):
             results["solve"] = {
-                "paper_size": bench_solve(2000, 200, 768),
-                "bench_grid": bench_solve(size["probes"], size["classes"], size["embed_dim"]),
+                "paper_size": bench_solve(2000, 200, 768, effort.solve_repeats),
+                "bench_grid": bench_solve(
+                    size["probes"], size["classes"], size["embed_dim"], effort.solve_repeats
+                ),
             }
         echo("compile: 8 terms on the warm bank")
         with _section(spent, "compile"):
@@ -469,13 +501,15 @@ def run(quick: bool, size_name: str, echo=print) -> dict:
         results["compile"] = compile_
         echo("zero-cost edit: ONNX latency")
         with _section(spent, "latency"):
-            results["latency"] = bench_latency(root, target_refs[0], out, batch=8, repeats=300)
+            results["latency"] = bench_latency(
+                root, target_refs[0], out, batch=8, repeats=effort.latency_repeats
+            )
         echo("adapter route vs closed form")
         with _section(spent, "routes"):
             results["routes"] = bench_routes(root / "routes", bank, target_refs[0])
         echo("scaling")
         with _section(spent, "scaling"):
-            results["scaling"] = bench_scaling(root, quick)
+            results["scaling"] = bench_scaling(root, effort)
     return results
 
 

@@ -20,8 +20,10 @@ LAB_FLAGS = {
     "--member": "Only this member (repeatable).",
     "--split": "What to score: the held-out test splits (the report), or the train splits, to judge a change "
     "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
-    "--quick": "CI-size run (under 5 minutes on 2 cores).",
-    "--size": "Model and grid size (default: small with --quick, vit-b otherwise). vit-b16, vit-l14, eva02-l14, "
+    "--quick": "CI-size run (under 5 minutes on 2 cores): one target, the medians of 3 bank builds.",
+    "--smoke": "Every section once at the least work that yields its figures (about a minute at "
+    "--size tiny): shows the bench runs end to end; its ratios are not measurements.",
+    "--size": "Model and grid size (default: small with --quick or --smoke, vit-b otherwise). vit-b16, vit-l14, eva02-l14, "
     "siglip-so400m and vit-h14 build at those real architectures' sizes (vit-tiny16: the same at tiny "
     "cost) and hold the build to its floors.",
     "--workdir": "Folder the demo writes its world, models, bank and output into.",
@@ -157,14 +159,22 @@ REAL_SIZES = ("vit-tiny16", "vit-b16", "vit-l14", "eva02-l14", "siglip-so400m", 
 
 @_lab(click.command)
 @flag("--quick", is_flag=True)
+@flag("--smoke", is_flag=True)
 @flag("--size", type=click.Choice(["tiny", "small", "vit-b", *REAL_SIZES]), default=None)
 @flag("--out", type=click.Path(path_type=Path), default=None)  # benchmarks/results[-SIZE].json
 @handled
-def bench(quick: bool, size: str | None, out: Path | None) -> None:
+def bench(quick: bool, smoke: bool, size: str | None, out: Path | None) -> None:
     """Measure the build against its floor; print a table and write JSON."""
+    from ptc.errors import InputError
     from ptc.files import write_json_atomic
 
+    if quick and smoke:
+        raise InputError("--quick and --smoke each set the effort", hint="give one")
     if size in REAL_SIZES:
+        if quick or smoke:
+            raise InputError(
+                f"--size {size} runs its one real-size measurement", hint="drop --quick/--smoke"
+            )
         from ptc.lab.benchmarks import real_size as bench_module
 
         results = bench_module.run(size, echo=lambda m: click.echo(m, err=True))
@@ -172,8 +182,11 @@ def bench(quick: bool, size: str | None, out: Path | None) -> None:
     else:
         from ptc.lab.benchmarks import suite as bench_module
 
+        effort = "smoke" if smoke else "quick" if quick else "full"
         results = bench_module.run(
-            quick, size or ("small" if quick else "vit-b"), echo=lambda m: click.echo(m, err=True)
+            effort,
+            size or ("vit-b" if effort == "full" else "small"),
+            echo=lambda m: click.echo(m, err=True),
         )
         out = out or Path("benchmarks/results.json")
     write_json_atomic(out, results)

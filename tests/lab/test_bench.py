@@ -7,11 +7,14 @@ import math
 from conftest import run_ptc
 
 
-def test_bench_quick_tiny_writes_all_figures(tmp_path):
+def test_bench_smoke_tiny_writes_all_figures(tmp_path):
+    """`--smoke` runs every section of `ptc bench --quick` at the least work (the same code,
+    fewer repeats and points), so the CI benchmark's every figure is produced here."""
     out = tmp_path / "results.json"
-    result = run_ptc("bench", "--quick", "--size", "tiny", "--out", out)
+    result = run_ptc("bench", "--smoke", "--size", "tiny", "--out", out)
     assert result.returncode == 0, result.stderr
     results = json.loads(out.read_text())
+    assert results["effort"] == "smoke" and results["effort_config"]["latency_repeats"] == 20
     assert {"machine", "bank_build", "solve", "compile", "latency", "routes", "scaling"} <= set(
         results
     )
@@ -89,3 +92,12 @@ def test_the_real_size_benchmark_measures_every_goal_at_tiny_cost():
     assert (
         "cold build / fastest fp32 forward floor" in rows and "patched ONNX vs fresh export" in rows
     )
+
+
+def test_bench_refuses_two_efforts_and_an_effort_at_real_size():
+    both = run_ptc("bench", "--quick", "--smoke", "--size", "tiny")
+    assert both.returncode == 2
+    assert "--quick and --smoke each set the effort" in both.stderr
+    real = run_ptc("bench", "--smoke", "--size", "vit-b16")
+    assert real.returncode == 2
+    assert "--size vit-b16 runs its one real-size measurement" in real.stderr
