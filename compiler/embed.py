@@ -333,3 +333,43 @@ def embed_grid(
 
     entry, computed = bank.get_or_compute(bank.embeddings_rel(info.key, task.grid_hash), compute)
     return grid_embeddings(entry, task, computed)
+
+
+def check_reference(
+    bank: Bank, model: DualEncoder, key: str, batch: Batch
+) -> tuple[tuple[torch.Tensor, torch.Tensor | None], bool]:
+    """The model's torch fp32 (z, R) of a build's check batch, and whether it was computed here
+    (else read from the bank). It is what the folded edit is verified against where the grids
+    ran on another runtime (onnxruntime's last bits are not torch's); stored once, it spares
+    each later build of the same target and check inputs this pass. `key` names the inputs
+    (stages.check_set)."""
+    if model.device.type != "cpu":
+        raise RuntimeError(f"the check reference is a CPU pass; the model is on {model.device}")
+    info = model_info(model)
+
+    def compute() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        with timed("forward"), torch.inference_mode():
+            inputs, regressors = model.embed_for_edit(batch)
+        tensors = {"inputs": inputs}
+        if regressors is not None:
+            tensors["regressors"] = regressors
+        meta = {
+            "kind": "check_reference",
+            "model_ref": info.ref,
+            "input_fingerprint": info.input_fingerprint,
+            "check": key,
+            "inputs": batch_len(batch),
+            "precision": "fp32",
+            "device": "cpu",
+            "runtime": TORCH,
+        }
+        return tensors, meta
+
+    entry, computed = bank.get_or_compute(bank.check_rel(info.weights_key, key), compute)
+    if entry.tensors["inputs"].shape[0] != batch_len(batch):
+        raise BankError(
+            f"cached check reference {entry.path} holds {entry.tensors['inputs'].shape[0]} "
+            f"inputs, not the {batch_len(batch)} of this build's check batch",
+            "delete the entry and rebuild",
+        )
+    return (entry.tensors["inputs"], entry.tensors.get("regressors")), computed

@@ -143,6 +143,7 @@ def test_warm_rebuild_runs_no_forward_pass_and_is_reproducible(world, built, tmp
         "embeddings_computed": 0,
         "factors_computed": 0,
         "operators_solved": 0,
+        "check_references_computed": 0,
         "onnx_towers_patched": 1,
         "onnx_towers_reused": 1,
     }  # the base towers were exported before

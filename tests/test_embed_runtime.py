@@ -231,3 +231,51 @@ def test_a_damaged_runtime_record_is_refused_in_one_line(world, bank_copy, tmp_p
         f"bank runtime record {path} failed its integrity check"
         in verified.stdout + verified.stderr
     )
+
+
+def test_the_torch_reference_of_the_check_inputs_is_computed_once_and_kept_in_the_bank(
+    world, bank_copy, tmp_path
+):
+    """Grids embedded on onnxruntime are not torch's numbers to the last bit, so the folded edit
+    is verified against the target's own torch fp32 pass over the check inputs: computed by the
+    first build, sealed in the bank under the target and those inputs, read by every later one."""
+    shutil.rmtree(bank_copy / "checks", ignore_errors=True)  # what other tests stored
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy))
+    args = ("build", recipe, "--embed-runtime", "onnxruntime", "--force", "--json")
+    first = run_ptc(*args)
+    assert first.returncode == 0, first.stderr
+    first_run = json.loads(first.stdout)
+    assert first_run["run"]["cache"]["check_references_computed"] == 1
+
+    target = targets.load(f"hf:{world.target}")
+    (stored,) = (bank_copy / "checks").rglob("*.safetensors")
+    entry = Bank(bank_copy).read_entry(str(stored.relative_to(bank_copy)))
+    assert entry is not None and stored.parent.name == model_info(target).weights_key
+    assert (entry.meta["kind"], entry.meta["runtime"], entry.meta["precision"]) == (
+        "check_reference",
+        "torch",
+        "fp32",
+    )
+    checked = first_run["report"]["verify"]["equivalence"]["check_inputs"]
+    assert entry.meta["inputs"] == checked == entry.tensors["inputs"].shape[0]
+    # Each stored row is torch's embedding of one of the grids' probe files (an independent pass).
+    bank = Bank(bank_copy)
+    probes = [p for name in ("colour", "shape") for p in bank.task(name).probes]
+    with torch.inference_mode():
+        every = target.embed_inputs(target.load_inputs(probes))
+    nearest = torch.cdist(entry.tensors["inputs"].double(), every.double()).min(dim=1)
+    assert nearest.values.max() < 1e-5
+    assert len(set(nearest.indices.tolist())) == checked  # distinct probes
+
+    again = run_ptc(*args)  # read from the bank: no torch pass of the target's check batch
+    assert again.returncode == 0, again.stderr
+    again_run = json.loads(again.stdout)
+    assert again_run["run"]["cache"]["check_references_computed"] == 0
+    assert (
+        again_run["report"]["verify"]["equivalence"]["torch_max_abs_diff"]
+        == first_run["report"]["verify"]["equivalence"]["torch_max_abs_diff"]
+    )
+    # Grids embedded on torch in fp32 are the reference themselves: nothing stored for them.
+    on_torch = run_ptc("build", recipe, "--embed-runtime", "torch", "--force", "--json")
+    assert on_torch.returncode == 0, on_torch.stderr
+    assert json.loads(on_torch.stdout)["run"]["cache"]["check_references_computed"] == 0

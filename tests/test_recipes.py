@@ -39,6 +39,7 @@ def checkout(tmp_path_factory):
             "test-extra",
             "factors",
             "operators",
+            "checks",
             "embeddings",
             "exports",
             ".locks",

@@ -170,11 +170,7 @@ def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp
         bank, out = tmp_path / f"bank{trial}", tmp_path / f"out{trial}"
         shutil.copytree(world.bank, bank)
         # make the command write as much as it can
-        for cache in (
-            "embeddings",
-            "factors",
-            "operators",
-        ):
+        for cache in ("embeddings", "factors", "operators", "checks"):
             shutil.rmtree(bank / cache, ignore_errors=True)
         process = subprocess.Popen(
             commands[kind](bank, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -200,7 +196,7 @@ def test_sigkill_at_random_moments_leaves_bank_and_outputs_consistent(world, tmp
 def test_two_builds_at_once_on_one_bank(world, tmp_path, same_recipe):
     bank = tmp_path / "bank"
     shutil.copytree(world.bank, bank)
-    for cache in ("embeddings", "factors", "operators"):
+    for cache in ("embeddings", "factors", "operators", "checks"):
         shutil.rmtree(bank / cache, ignore_errors=True)
     terms_b = (
         None

@@ -10,6 +10,7 @@ what it was made from and a hash of its tensors, checked on every read):
     descriptors/<task>/<id>.safetensors            UTD (N x M) and the source's S_pre, with provenance
     factors/<target>/<grid>.safetensors            thin SVDs of the target's F and G
     operators/<target>/<grid>/<descriptor>-r<ridge>.safetensors   solved A (d x d, float32)
+    checks/<model>/<check>.safetensors             a target's torch fp32 (z, R) of a check batch
     exports/<key>/<tower>.onnx, .onnx.data, .json  base towers' ONNX graphs, sealed (a cache)
     runtimes/<model>-<machine>.json                which runtime embeds a model faster here, sealed
     locks.json                                     the lock files builds from it wrote, sealed
@@ -409,6 +410,10 @@ class Bank:
     @staticmethod
     def operator_rel(target_fp: str, grid: str, descriptor_sha: str, ridge: float) -> str:
         return f"operators/{target_fp}/{grid}/{descriptor_sha[:32]}-r{ridge!r}.safetensors"
+
+    @staticmethod
+    def check_rel(model_fp: str, check: str) -> str:
+        return f"checks/{model_fp}/{check}.safetensors"
 
     # -- base towers exported to ONNX (compiler/export/tower_cache.py) --------------------------------------
     # exports/<key>/<tower>.onnx (and .onnx.data), complete once its sealed record

@@ -7,6 +7,7 @@ check_edit   -> CheckedEdit residuals, the certificate, the held-out evaluation
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,10 +234,12 @@ def choose_term_strengths(
 def check_set(
     plan: Plan, target: DualEncoder, grids: dict[str, GridEmbeddings], count: int
 ) -> Check:
-    """Probe files spread evenly over the recipe's grids, `count` in all, their batch, and the
-    target's (z, R) of them where the cache holds a CPU fp32 reference; likewise its prompts'
-    embeddings (prompts run on torch whatever ran the inputs)."""
+    """Probe files spread evenly over the recipe's grids, `count` in all, their batch, their key
+    (the grids' hashes and the files' places in them), and the target's (z, R) of them where
+    the grid cache holds a CPU fp32 torch reference; likewise its prompts' embeddings (prompts
+    run on torch whatever ran the inputs)."""
     probes = {pt.task.name: pt.task.probes for pt in plan.terms}
+    grid_hashes = {pt.task.name: pt.task.grid_hash for pt in plan.terms}
     per_grid = max(1, count // len(probes))
     picked: list[tuple[str, int]] = []
     for name, files in probes.items():
@@ -244,6 +247,9 @@ def check_set(
         picked.extend((name, index) for index in range(0, len(files), step)[:per_grid])
     picked = picked[: max(count, len(probes))]
     paths = [probes[name][index] for name, index in picked]
+    key = hashlib.sha256(
+        "|".join(f"{grid_hashes[name]}:{index}" for name, index in picked).encode()
+    ).hexdigest()[:32]
     base = None
     prompts: dict[str, torch.Tensor] = {}
     for pt in plan.terms:
@@ -257,7 +263,7 @@ def check_set(
         if all(row is not None for row in rows):
             r = torch.stack([row[i] for row, (_, i) in zip(rows, picked) if row is not None])
         base = (z, r)
-    return Check(paths, target.load_inputs(paths), base, prompts)
+    return Check(paths, target.load_inputs(paths), key, base, prompts)
 
 
 def _fp32_cpu(made_by: dict[str, str] | None) -> bool:

@@ -20,11 +20,21 @@ from ptc.compiler.cli.tables import table
 from ptc.compiler.recipe.lock import named_base_exports
 from ptc.errors import BankError
 
-PARTS = ("tasks", "descriptors", "embeddings", "factors", "operators", "exports", "runtimes")
+PARTS = (
+    "tasks",
+    "descriptors",
+    "embeddings",
+    "factors",
+    "operators",
+    "checks",
+    "exports",
+    "runtimes",
+)
 CACHES = {
     "embeddings": "embeddings",
     "factors": "factors",
     "operator": "operators",
+    "check_reference": "checks",
 }  # record kind -> section
 RUNTIME_FIELDS = ("model_ref", "machine", "images_per_second", "chosen")
 
@@ -61,7 +71,8 @@ def describe(bank: Bank) -> dict[str, Any]:
             )
             row["entries"] += 1
             row["bytes"] += sizes[rel]
-            row["tasks"].add(meta.get("task", "?"))
+            if meta["kind"] != "check_reference":  # a check batch spans the recipe's grids
+                row["tasks"].add(meta.get("task", "?"))
     tasks = []
     for name in bank.task_names():
         record = bank.task(name)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from ptc.compiler.edit.adapter import GridGoal, fit_adapter
 from ptc.compiler.edit.operators import ensure_factors, ensure_operator
-from ptc.compiler.embed import GridEmbeddings, embed_probe_files
+from ptc.compiler.embed import GridEmbeddings, check_reference, embed_probe_files
 from ptc.compiler.method.descriptor import affinity, summed
 from ptc.compiler.method.ridge import GridFactors, edited_embeddings, factorize, solve_operator
 from ptc.compiler.recipe.options import Options
@@ -52,7 +52,10 @@ class Run:
     peaks: dict[str, float] = field(default_factory=dict)  # MB
     counts: Counter = field(
         default_factory=lambda: Counter(
-            embeddings_computed=0, factors_computed=0, operators_solved=0
+            embeddings_computed=0,
+            factors_computed=0,
+            operators_solved=0,
+            check_references_computed=0,
         )
     )
     _open: list[str] = field(default_factory=list)
@@ -84,7 +87,8 @@ class Check:
 
     paths: list[Path]
     batch: Batch
-    # the target's (z, R) of them, if cached
+    key: str  # which probes of which grids they are (compiler/embed.py check_reference)
+    # the target's (z, R) of them, if the grid cache holds the torch fp32 reference
     base: tuple[torch.Tensor, torch.Tensor | None] | None = None
     # the target's unnormalised embedding of each prompt the cache holds on the same terms
     prompts: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -224,7 +228,10 @@ def closed_form(
         edited = target.with_edit(edit)
     with run.stage("verify_torch"):
         check_outputs = edited_check_outputs(edited, check)
-        base = check.base if check.base is not None else target.embed_for_edit(check.batch)
+        base = check.base
+        if base is None:  # the grids ran on another runtime: the bank's reference, or a pass
+            base, computed = check_reference(plan.bank, target, check.key, check.batch)
+            run.counts["check_references_computed"] += computed
         diff = embedding_equivalence(base, check_outputs, edit)
         require("torch_max_abs_diff (edited vs z + R E^T)", diff, recipe.verify.equivalence_atol)
     # The fold is exact (just checked), so the edited grid embeddings follow from the cache.

@@ -79,6 +79,7 @@ def test_the_real_size_benchmark_measures_every_goal_at_tiny_cost():
         "embeddings_computed": 0,
         "factors_computed": 0,
         "operators_solved": 0,
+        "check_references_computed": 0,
         "onnx_towers_patched": 1,
         "onnx_towers_reused": 1,
     }  # ... and reused on the rebuild
