@@ -279,3 +279,42 @@ def test_the_torch_reference_of_the_check_inputs_is_computed_once_and_kept_in_th
     on_torch = run_ptc("build", recipe, "--embed-runtime", "torch", "--force", "--json")
     assert on_torch.returncode == 0, on_torch.stderr
     assert json.loads(on_torch.stdout)["run"]["cache"]["check_references_computed"] == 0
+
+
+def test_builds_that_need_one_measurement_take_turns(tmp_path, monkeypatch):
+    """Two first builds of one model at once: one times the runtimes, the other waits for its
+    record (timings that share the cores with another build's decide wrongly)."""
+    import threading
+    import time
+
+    bank = Bank(tmp_path / "bank")
+    bank.put_runtime_speed("unrelated", {"chosen": "torch"})  # the bank exists
+    measured: list[str] = []
+    both_asked = threading.Barrier(2)
+
+    def measure() -> str:
+        measured.append(threading.current_thread().name)
+        time.sleep(0.5)  # the other build asks meanwhile
+        record = {"model_ref": "hf:m", "machine": machine_label(), "chosen": "onnxruntime"}
+        bank.put_runtime_speed(speed_key("weights", machine_label()), record)
+        return "onnxruntime"
+
+    chosen: dict[str, str] = {}
+
+    def build(name: str) -> None:
+        both_asked.wait()
+        chosen[name] = runtime_speed.chosen_runtime(bank, "weights", measure)
+
+    threads = [threading.Thread(target=build, args=(n,), name=n) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(measured) == 1 and chosen == {"a": "onnxruntime", "b": "onnxruntime"}
+
+    # A bank that cannot be written has no lock to take: each build measures for itself.
+    def refuse(name: str):
+        raise PermissionError(13, "Permission denied", name)
+
+    monkeypatch.setattr(Bank, "lock", lambda self, name: refuse(name))
+    assert runtime_speed.chosen_runtime(bank, "other", lambda: "torch") == "torch"

@@ -29,6 +29,7 @@ import io
 import json
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,13 +277,17 @@ class Bank:
         if entry is not None:
             return entry, False
         self._ensure()
-        digest = hashlib.sha256(relpath.encode()).hexdigest()[:32]
-        with file_lock(self.root / ".locks" / f"{digest}.lock"):
+        with self.lock(relpath):
             entry = self.read_entry(relpath)
             if entry is not None:
                 return entry, False
             tensors, meta = compute()
             return self.write_entry(relpath, tensors, meta), True
+
+    def lock(self, name: str) -> AbstractContextManager[None]:
+        """An exclusive lock on `name` between the processes sharing this bank."""
+        digest = hashlib.sha256(name.encode()).hexdigest()[:32]
+        return file_lock(self.root / ".locks" / f"{digest}.lock")
 
     # -- tasks --------------------------------------------------------------------------------
     def _task_path(self, name: str) -> Path:

@@ -30,6 +30,7 @@ from ptc.compiler.embed import (
 from ptc.compiler.export.onnx_embed import OnnxInputPass, choose_runtime, input_forward
 from ptc.compiler.export.runtime_speed import (
     SAMPLE_INPUTS,
+    chosen_runtime,
     images_per_second,
     record_choice,
     recorded_runtime,
@@ -118,9 +119,11 @@ def embedding_runtime(
     onnx_pass = input_forward(model, plan.bank)
     if options.embed_runtime == "auto":
         weights_key = model_info(model).weights_key
-        runtime = recorded_runtime(plan.bank, weights_key) or ""
-        if not runtime:
-            runtime = measure_runtime(plan, model, weights_key, onnx_pass, run)
+        runtime = recorded_runtime(plan.bank, weights_key) or chosen_runtime(
+            plan.bank,
+            weights_key,
+            lambda: measure_runtime(plan, model, weights_key, onnx_pass, run),
+        )
         if runtime == TORCH:
             onnx_pass.close()
             return TORCH, None

@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 
@@ -64,6 +66,19 @@ def recorded_runtime(bank: Bank, weights_key: str) -> str | None:
     """The runtime the bank's record for this model on this machine chose; None before one."""
     record = bank.runtime_speed(speed_key(weights_key, machine_label()))
     return None if record is None else str(record["chosen"])
+
+
+def chosen_runtime(bank: Bank, weights_key: str, measure: Callable[[], str]) -> str:
+    """The runtime recorded for this model on this machine, or the one `measure()` chooses
+    (and records). Builds that need the same measurement take turns: one measures, the others
+    wait and read its record; timings taken while another build shares the cores decide
+    wrongly, and a model measured twice is time lost."""
+    with ExitStack() as held:
+        try:
+            held.enter_context(bank.lock(f"runtimes/{speed_key(weights_key, machine_label())}"))
+        except PermissionError:  # a bank shared read-only: no lock, and no record to share
+            pass
+        return recorded_runtime(bank, weights_key) or measure()
 
 
 def images_per_second(forward: InputForward, batch: Batch) -> float:
