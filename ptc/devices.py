@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import platform
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -26,15 +27,39 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 CPU = torch.device("cpu")
 
 
-def cpu_name() -> str:
-    """The CPU's model name as Linux gives it (what a speed figure was measured on); elsewhere
-    what the platform module knows."""
+# The instruction sets that decide an fp32 or bf16 speed figure on a CPU. A model name alone
+# does not: "AMD EPYC" named both a 2-core machine without AVX-512 (bf16 at a sixth of fp32's
+# speed) and one with AVX-512 bf16 (bf16 1.4x onnxruntime fp32 at ViT-L/14; benchmarks/README.md).
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """What a speed figure was measured on: the CPU's model name, family and model as Linux
+    gives them, and which of SPEED_FLAGS it has; elsewhere what the platform module knows."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            names = [ln.split(":", 1)[1].strip() for ln in handle if ln.startswith("model name")]
+        with cpuinfo.open(encoding="utf-8") as handle:
+            fields = _first_cpu(handle)
     except OSError:
-        names = []
-    return names[0] if names else platform.processor() or platform.machine()
+        fields = {}
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    isa = ", ".join(flag for flag in SPEED_FLAGS if flag in flags) or "no AVX2"
+    family = f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}"
+    return f"{fields['model name']} ({family}; {isa})"
+
+
+def _first_cpu(lines: Iterable[str]) -> dict[str, str]:
+    """The first processor's `key: value` fields of /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
 
 
 class Placed(Protocol):

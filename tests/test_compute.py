@@ -13,7 +13,7 @@ from conftest import run_ptc, write_recipe
 from ptc import targets
 from ptc.compiler.bank.store import Bank
 from ptc.compiler.embed import embed_grid, model_info, model_key
-from ptc.devices import Compute, precision_of, resolve_device
+from ptc.devices import Compute, cpu_name, precision_of, resolve_device
 from ptc.errors import InputError
 
 
@@ -121,3 +121,19 @@ def test_the_report_and_lock_say_which_device_and_precision_made_each_embedding(
     again = json.loads((tmp_path / "out" / "report.json").read_text())
     assert again["embeddings"]["colour"]["precision"] == "fp32"
     assert again["terms"][0]["operator_sha256"] != report["terms"][0]["operator_sha256"]
+
+
+def test_the_cpu_a_figure_was_measured_on_is_named_by_what_decides_its_speed(tmp_path):
+    """Two machines Linux calls "AMD EPYC", one with AVX-512 bf16: told apart (the runtime
+    `auto` chose on one is not the other's, and a committed figure names its machine)."""
+    names = []
+    for family, flags in (("23", "fpu sse2 fma avx2"), ("26", "fma avx2 avx512f avx512_bf16")):
+        info = tmp_path / f"cpuinfo-{family}"
+        cpu = f"processor\t: {{}}\ncpu family\t: {family}\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+        info.write_text("\n".join(cpu.format(i) + f"flags\t\t: {flags}\n" for i in range(2)))
+        names.append(cpu_name(info))
+    assert names == [
+        "AMD EPYC (family 23, model 2; avx2)",
+        "AMD EPYC (family 26, model 2; avx2, avx512f, avx512_bf16)",
+    ]
+    assert cpu_name(tmp_path / "missing")  # elsewhere: what the platform module knows
