@@ -912,3 +912,25 @@ def test_headroom_measures_separate_class_offsets_and_generalisation():
     assert headroom.linear_probe(separable, labels) == 1.0
     # one example of a class: no folds
     assert math.isnan(headroom.linear_probe(separable[:3], labels[:3]))
+
+
+def test_the_bf16_measurement_runs_the_zoo_in_each_precision(zoo, tmp_path):
+    """benchmarks/bf16_zoo.py: its fp32 side is `ptc paper`'s own addition (the same cells from
+    the bank's descriptors), and its bf16 side really ran in bf16 and moved the numbers by bf16's
+    rounding, not more."""
+    import statistics
+
+    from ptc.lab.benchmarks import bf16_zoo
+
+    results = bf16_zoo.run(bf16_zoo.copy_of_zoo(zoo, tmp_path / "zoo"))
+    assert max(d["fp32_vs_bank"] for d in results["descriptors"]) < 1e-5
+    plain = paper.Zoo(zoo)
+    plain.use_ridge(bf16_zoo.RIDGE)
+    cells = paper.addition_cells(plain, plain.seeds[0])
+    fp32 = results["addition"]["fp32"]
+    assert fp32["cells"] == len(cells)
+    assert fp32["cross_model_gain"] == pytest.approx(
+        statistics.fmean(c["cross_model_gain"] for c in cells), abs=1e-9
+    )
+    assert 1e-4 < results["grid_relative_difference"]["median"] < 5e-2
+    assert 1e-4 < results["descriptor_relative_difference"]["median"] < 1e-1
