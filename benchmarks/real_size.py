@@ -241,16 +241,20 @@ def _export_check(out: Path, bank: Path, probes: list[Path]) -> dict:
 
     edited = targets.load(_native_ref(out))
     batch = edited.load_inputs(probes[:8])
+    plain: dict[str, float] = {}  # each tower's plain export: the one-time base export's floor
     with tempfile.TemporaryDirectory() as folder:
-        start = time.perf_counter()
-        export_onnx(edited.onnx_towers()[0], Path(folder) / "fresh.onnx")
-        fresh_seconds = time.perf_counter() - start
-        fresh, _ = run_onnx(Path(folder) / "fresh.onnx", batch)
+        for tower in edited.onnx_towers():
+            start = time.perf_counter()
+            export_onnx(tower, Path(folder) / f"{tower.name}.onnx")
+            plain[tower.name] = time.perf_counter() - start
+        vision = edited.onnx_towers()[0].name
+        fresh, _ = run_onnx(Path(folder) / f"{vision}.onnx", batch)
     shipped, _ = run_onnx(out / "onnx" / "vision_model.onnx", batch)
     base = next(bank.glob("exports/*/vision_model.onnx"))
     return {
         "max_abs_diff_vs_fresh_export": float(np.abs(shipped - fresh).max()),
-        "fresh_export_seconds": fresh_seconds,
+        "fresh_export_seconds": plain[vision],
+        "plain_export_seconds_by_tower": plain,
         "edited_over_base_latency": _latency(out / "onnx" / "vision_model.onnx", batch)
         / _latency(base, batch),
     }
@@ -370,7 +374,8 @@ def run(size_name: str, echo=print, probes: int | None = None) -> dict:
             "export_base_seconds": cold_record["timings"].get("export_base", 0.0),
             # once per model and machine, as the base export: `auto` timing both runtimes
             "measure_runtime_seconds": cold_record["timings"].get("measure_runtime", 0.0),
-            "plain_export_seconds": export["fresh_export_seconds"],
+            # every tower's, as the build's export_base stage holds each one's first export
+            "plain_export_seconds": sum(export["plain_export_seconds_by_tower"].values()),
             "runtime": report["embeddings"]["bench"]["runtime"],
             "runtime_measured": [
                 {k: m[k] for k in ("images_per_second", "inputs", "chosen")} for m in measured
@@ -491,7 +496,7 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
             f"<= {goals['non_embed_over_embed']}",
         ),
         (
-            "one-time base export / a plain export of the tower",
+            "one-time base export / a plain export of the towers",
             f"{cold['export_base_seconds']:.1f} s / {cold['plain_export_seconds']:.1f} s",
             "",
         ),

@@ -197,7 +197,8 @@ def test_a_recorded_faster_torch_makes_auto_embed_on_torch(world, bank_copy, tmp
     built = run_ptc("build", recipe, "--json")
     assert built.returncode == 0, built.stderr
     timings = json.loads(built.stdout)["run"]["timings"]
-    assert "measure_runtime" not in timings and "export_base" not in timings
+    # nothing of onnxruntime's before the embed stage (the export stage makes the base exports)
+    assert "measure_runtime" not in timings and "open_session" not in timings
     lock = json.loads((tmp_path / "recipe.lock").read_text())
     assert {made["runtime"] for made in lock["edit"]["embeddings"].values()} == {"torch"}
 
@@ -318,3 +319,23 @@ def test_builds_that_need_one_measurement_take_turns(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Bank, "lock", lambda self, name: refuse(name))
     assert runtime_speed.chosen_runtime(bank, "other", lambda: "torch") == "torch"
+
+
+def test_each_towers_one_time_base_export_is_timed_apart_from_the_edited_graph(
+    world, bank_copy, tmp_path
+):
+    """A model's first build exports every tower's base graph into the bank once, in a stage of
+    its own (`export_base`), whatever runtime embedded it; later builds only copy and patch."""
+    shutil.rmtree(bank_copy / "exports", ignore_errors=True)
+    recipe = write_recipe(tmp_path / "recipe.yaml", world, bank=str(bank_copy))
+    args = ("build", recipe, "--embed-runtime", "torch", "--force", "--json")
+    first = run_ptc(*args)
+    assert first.returncode == 0, first.stderr
+    run = json.loads(first.stdout)["run"]
+    assert run["timings"]["export_base"] > 0
+    assert run["cache"]["onnx_towers_patched"] + run["cache"]["onnx_towers_reused"] == 2
+    sealed = sorted(p.stem for p in (bank_copy / "exports").glob("*/*.json"))
+    assert sealed == ["text_model", "vision_model"]
+    again = run_ptc(*args)
+    assert again.returncode == 0, again.stderr
+    assert "export_base" not in json.loads(again.stdout)["run"]["timings"]

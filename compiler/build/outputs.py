@@ -31,7 +31,7 @@ from ptc.compiler.export.serving import (
     write_contract,
 )
 from ptc.compiler.export.stamp import stamp_safetensors
-from ptc.compiler.export.tower_cache import export_key, write_tower
+from ptc.compiler.export.tower_cache import cache_base, export_key, write_tower
 from ptc.compiler.export.triton import write_triton_model
 from ptc.compiler.method.descriptor import normalise
 from ptc.compiler.recipe.lock import (
@@ -393,6 +393,9 @@ def export_onnx_tower(
     `idle`, the model's other towers, paged out if its base is exported afresh."""
     plan, edit, check, run = staging.plan, staging.edited.edit, staging.edited.check, staging.run
     provenance, export = staging.provenance, plan.recipe.export
+    if plan.bank.export_problem(export_key(weights_key, base), base.name) is not None:
+        with run.stage("export_base"):  # the tower's one-time export, timed apart
+            cache_base(plan.bank, weights_key, base, idle)
     with run.stage("export_onnx"):
         fp32 = {**provenance, "ptc_precision": "fp32"}
         how = write_tower(plan.bank, weights_key, base, tower, path, fp32, idle)

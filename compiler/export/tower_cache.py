@@ -76,6 +76,18 @@ def cached_base(
         return _cached_base_held(bank, key, tower, idle)
 
 
+def cache_base(
+    bank: Bank, model_key: str, tower: OnnxTower, idle: Sequence[torch.nn.Module] = ()
+) -> None:
+    """The tower's base export made in the bank where it is not there yet: the one-time cost,
+    which a build times apart from writing its edited graph (`write_tower` then copies it). A
+    bank that cannot be written caches nothing, and `write_tower` exports afresh."""
+    try:
+        cached_base(bank, export_key(model_key, tower), tower, idle)
+    except PermissionError:
+        pass
+
+
 def _cached_base_held(
     bank: Bank, key: str, tower: OnnxTower, idle: Sequence[torch.nn.Module] = ()
 ) -> Path:
