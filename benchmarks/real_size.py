@@ -242,12 +242,13 @@ def _export_check(out: Path, bank: Path, probes: list[Path]) -> dict:
     edited = targets.load(_native_ref(out))
     batch = edited.load_inputs(probes[:8])
     plain: dict[str, float] = {}  # each tower's plain export: the one-time base export's floor
+    towers = edited.onnx_towers()
     with tempfile.TemporaryDirectory() as folder:
-        for tower in edited.onnx_towers():
+        for tower in towers:
             start = time.perf_counter()
             export_onnx(tower, Path(folder) / f"{tower.name}.onnx")
             plain[tower.name] = time.perf_counter() - start
-        vision = edited.onnx_towers()[0].name
+        vision = towers[0].name
         fresh, _ = run_onnx(Path(folder) / f"{vision}.onnx", batch)
     shipped, _ = run_onnx(out / "onnx" / "vision_model.onnx", batch)
     base = next(bank.glob("exports/*/vision_model.onnx"))
