@@ -27,10 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ptc.compiler.embed import embed_probe_files
-from ptc.compiler.method.descriptor import centred, cosine, task_descriptor
+from ptc.compiler.method.descriptor import centred, cosine
 from ptc.devices import CPU, cpu_name, place
-from ptc.lab.zoo.paper import Zoo, addition_cells, retention
+from ptc.lab.zoo.paper import Zoo, addition_cells, descriptor_on_grid, retention
 
 PRECISIONS = ("fp32", "bf16")
 RIDGE = 1e-3  # what `ptc paper` chose on the zoo's train split (results/paper-full.json)
@@ -51,15 +50,10 @@ class PrecisionZoo(Zoo):
     def descriptor(self, task: str, member: str, seed: int) -> torch.Tensor:
         key = (task, member, seed)
         if key not in self._descriptors:
-            view = self.view(member)
-            tuned = place(
-                view.encoder.with_adapter(self.adapter(member, task, seed)), CPU, self.precision
-            )
-            probes = list(self.bank.task(task).probes)
+            tuned = self.view(member).encoder.with_adapter(self.adapter(member, task, seed))
             with torch.inference_mode():
-                moved = embed_probe_files(tuned, probes, 64, "fine-tuned probes", False)
-            grid = view.grids[task]
-            self._descriptors[key] = task_descriptor(moved, grid.inputs, grid.class_rows).double()
+                utd = descriptor_on_grid(self, member, place(tuned, CPU, self.precision), task)
+            self._descriptors[key] = utd.double()
         return self._descriptors[key]
 
 
@@ -86,8 +80,8 @@ def summary(cells: list[dict]) -> dict:
 
 
 def run(root: Path) -> dict:
-    seed = Zoo(root).seeds[0]
     zoos = {precision: PrecisionZoo(root, precision) for precision in PRECISIONS}
+    seed = zoos["fp32"].seeds[0]
     for zoo in zoos.values():
         zoo.use_ridge(RIDGE)
     cells, seconds = {}, {}
@@ -100,19 +94,20 @@ def run(root: Path) -> dict:
             f"{precision}: {len(cells[precision])} cells in {seconds[precision]:.0f} s", flush=True
         )
     fp32, bf16 = zoos["fp32"], zoos["bf16"]
-    descriptors = [
-        {
-            "task": task,
-            "source": member,
-            "relative_difference": relative(bf16.descriptor(task, member, seed), u),
-            "centred_cosine": cosine(centred(bf16.descriptor(task, member, seed)), centred(u)),
-            # the recomputed fp32 descriptor against the bank's (made by `ptc zoo build`)
-            "fp32_vs_bank": relative(
-                u, fp32.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"]
-            ),
-        }
-        for (task, member, _), u in fp32._descriptors.items()
-    ]
+    descriptors = []
+    for (task, member, _), u in fp32._descriptors.items():
+        v = bf16.descriptor(task, member, seed)
+        bank_utd = fp32.bank.descriptor(task, f"{member}-s{seed}").tensors["utd"]
+        descriptors.append(
+            {
+                "task": task,
+                "source": member,
+                "relative_difference": relative(v, u),
+                "centred_cosine": cosine(centred(v), centred(u)),
+                # the recomputed fp32 descriptor against the bank's (made by `ptc zoo build`)
+                "fp32_vs_bank": relative(u, bank_utd),
+            }
+        )
     grids = [
         {
             "member": member,

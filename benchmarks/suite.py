@@ -431,9 +431,9 @@ def bench_scaling(root: Path, effort: Effort) -> dict:
     solve = {}
     grids = {"N": [250, 500, 1000, 2000], "M": [25, 50, 100, 200], "d": [128, 256, 512, 768]}
     base = {"n": 2000, "m": 200, "d": 256}
+    repeats = min(3, effort.solve_repeats)
     for axis, grid in grids.items():
         values = grid[: effort.scaling_axis_points]
-        repeats = min(3, effort.solve_repeats)
         rows = [bench_solve(**{**base, axis.lower(): value}, repeats=repeats) for value in values]
         solve[axis] = {
             "values": values,

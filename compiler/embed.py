@@ -365,11 +365,7 @@ def check_reference(
         }
         return tensors, meta
 
+    # The key names each input (its grid's hash and place), and the entry is sealed to its key:
+    # a stored reference is of this very batch.
     entry, computed = bank.get_or_compute(bank.check_rel(info.weights_key, key), compute)
-    if entry.tensors["inputs"].shape[0] != batch_len(batch):
-        raise BankError(
-            f"cached check reference {entry.path} holds {entry.tensors['inputs'].shape[0]} "
-            f"inputs, not the {batch_len(batch)} of this build's check batch",
-            "delete the entry and rebuild",
-        )
     return (entry.tensors["inputs"], entry.tensors.get("regressors")), computed

@@ -21,7 +21,7 @@ LAB_FLAGS = {
     "--split": "What to score: the held-out test splits (the report), or the train splits, to judge a change "
     "to the zoo before its test figures are seen (written as paper-PROFILE-train).",
     "--quick": "CI-size run (under 5 minutes on 2 cores): one target, the medians of 3 bank builds.",
-    "--smoke": "Every section once at the least work that yields its figures (about a minute at "
+    "--smoke": "Every section once at the least work that yields its figures (about 30 s at "
     "--size tiny): shows the bench runs end to end; its ratios are not measurements.",
     "--size": "Model and grid size (default: small with --quick or --smoke, vit-b otherwise). vit-b16, vit-l14, eva02-l14, "
     "siglip-so400m and vit-h14 build at those real architectures' sizes (vit-tiny16: the same at tiny "

@@ -33,7 +33,6 @@ from ptc.compiler.export.runtime_speed import (
     chosen_runtime,
     images_per_second,
     record_choice,
-    recorded_runtime,
 )
 from ptc.compiler.method.descriptor import summed
 from ptc.compiler.recipe.lock import (
@@ -119,7 +118,7 @@ def embedding_runtime(
     onnx_pass = input_forward(model, plan.bank)
     if options.embed_runtime == "auto":
         weights_key = model_info(model).weights_key
-        runtime = recorded_runtime(plan.bank, weights_key) or chosen_runtime(
+        runtime = chosen_runtime(
             plan.bank,
             weights_key,
             lambda: measure_runtime(plan, model, weights_key, onnx_pass, run),

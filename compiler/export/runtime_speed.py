@@ -72,7 +72,10 @@ def chosen_runtime(bank: Bank, weights_key: str, measure: Callable[[], str]) -> 
     """The runtime recorded for this model on this machine, or the one `measure()` chooses
     (and records). Builds that need the same measurement take turns: one measures, the others
     wait and read its record; timings taken while another build shares the cores decide
-    wrongly, and a model measured twice is time lost."""
+    wrongly, and a model measured twice is time lost. A recorded choice takes no lock."""
+    recorded = recorded_runtime(bank, weights_key)
+    if recorded is not None:
+        return recorded
     with ExitStack() as held:
         try:
             held.enter_context(bank.lock(f"runtimes/{speed_key(weights_key, machine_label())}"))
