@@ -461,6 +461,9 @@ def test_sigterm_cleans_up_like_ctrl_c(world, tmp_path):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, (process.returncode, stderr)
-    assert stderr.strip().splitlines() == ["ptc: error: terminated (SIGTERM); nothing was written"]
+    # progress and notes come first on stderr (which depends on what the bank already held)
+    assert (
+        stderr.strip().splitlines()[-1] == "ptc: error: terminated (SIGTERM); nothing was written"
+    )
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
     assert Bank(bank).verify_all()[1] == []
